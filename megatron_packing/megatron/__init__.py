@@ -1,0 +1,1 @@
+"""Glue between packed batches and megatron-core / Megatron-LM."""

@@ -1,0 +1,1 @@
+"""Pure packing algorithms: numpy only, never torch, ranks or files."""
