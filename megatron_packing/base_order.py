@@ -1,0 +1,186 @@
+"""The epoch's example order: a resumable cursor over any base sampler.
+
+Batch samplers read examples from here one run at a time. The cursor can be saved and restored
+exactly whatever the base sampler is:
+
+- a sampler with ``state_dict`` / ``load_state_dict`` restores its own state;
+- any other sampler is fast-forwarded: the random state it draws from (its ``generator``, or
+  torch's global generator) is captured when the epoch's iterator is created, and a resume
+  recreates that iterator and skips the examples already read.
+
+The epoch is explicit state: creating an extra iterator never moves it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Iterator, Sized
+from typing import Any
+
+import torch
+from torch.utils.data import RandomSampler, Sampler, SequentialSampler
+
+
+class SeededRandomOrder(Sampler[int]):
+    """A random permutation of ``range(n)`` that depends only on (seed, epoch)."""
+
+    def __init__(self, num_examples: int, seed: int = 0) -> None:
+        self.num_examples = int(num_examples)
+        self.seed = int(seed)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return self.num_examples
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator()
+        generator.manual_seed(self.seed * 1_000_003 + self.epoch)
+        yield from torch.randperm(self.num_examples, generator=generator).tolist()
+
+
+def make_base_order(kind: str, num_examples: int, seed: int) -> Sampler[int]:
+    """The built-in base orders: ``random`` (seeded, reshuffled per epoch) or ``sequential``."""
+    if kind == "random":
+        return SeededRandomOrder(num_examples, seed)
+    if kind == "sequential":
+        return SequentialSampler(range(num_examples))
+    raise ValueError(f"base order must be 'random' or 'sequential', got {kind!r}")
+
+
+def _is_stateful(sampler: Any) -> bool:
+    return callable(getattr(sampler, "state_dict", None)) and callable(
+        getattr(sampler, "load_state_dict", None)
+    )
+
+
+class EpochOrder:
+    """Reads the base sampler's order for the current epoch, one example at a time, resumably."""
+
+    def __init__(self, sampler: Iterable[int]) -> None:
+        if not isinstance(sampler, Sized):
+            raise TypeError(
+                f"the base sampler {type(sampler).__name__} has no __len__: the packing sampler "
+                "needs the epoch's length to plan steps and an epoch's last step; wrap it in a "
+                "sampler that reports len()"
+            )
+        self.sampler = sampler
+        self.epoch = 0
+        self.consumed = 0  # examples read from this epoch's order so far
+        self._iterator: Iterator[int] | None = None
+        self._rng_state: torch.Tensor | None = None
+        self._stateful = _is_stateful(sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)  # type: ignore[arg-type]
+
+    @property
+    def remaining(self) -> int:
+        return len(self) - self.consumed
+
+    # ------------------------------------------------------------------ reading
+    def take(self, count: int) -> list[int]:
+        """The next ``count`` examples of this epoch (fewer at its end)."""
+        if count <= 0:
+            return []
+        iterator = self._ensure_iterator()
+        out: list[int] = []
+        for _ in range(min(count, self.remaining)):
+            try:
+                out.append(int(next(iterator)))
+            except StopIteration:
+                raise RuntimeError(
+                    f"the base sampler {type(self.sampler).__name__} yielded {self.consumed} "
+                    f"examples in epoch {self.epoch} but reports len() = {len(self)}"
+                ) from None
+            self.consumed += 1
+        return out
+
+    def start_epoch(self, epoch: int) -> None:
+        """Move to the start of ``epoch`` (and tell the base sampler, as DistributedSampler does)."""
+        self.epoch = int(epoch)
+        self.consumed = 0
+        self._iterator = None
+        self._rng_state = None
+
+    def _ensure_iterator(self) -> Iterator[int]:
+        if self._iterator is None:
+            set_epoch = getattr(self.sampler, "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(self.epoch)
+            generator = self._generator()
+            self._rng_state = generator.get_state() if generator is not None else torch.get_rng_state()
+            self._iterator = iter(self.sampler)
+        return self._iterator
+
+    def _generator(self) -> torch.Generator | None:
+        generator = getattr(self.sampler, "generator", None)
+        return generator if isinstance(generator, torch.Generator) else None
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"epoch": self.epoch, "consumed": self.consumed}
+        if self._stateful and self.consumed > 0:
+            state["sampler_state"] = copy.deepcopy(self.sampler.state_dict())  # type: ignore[attr-defined]
+        elif self._rng_state is not None:
+            state["rng_state"] = self._rng_state.clone()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.start_epoch(state["epoch"])
+        consumed = int(state["consumed"])
+        if consumed == 0:
+            return
+        if "sampler_state" in state:
+            set_epoch = getattr(self.sampler, "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(self.epoch)
+            self.sampler.load_state_dict(copy.deepcopy(state["sampler_state"]))  # type: ignore[attr-defined]
+            self._iterator = iter(self.sampler)
+            self.consumed = consumed
+            return
+        self._replay_iterator(state.get("rng_state"))
+        for _ in range(consumed):  # fast-forward a sampler that cannot save itself
+            next(self._iterator)  # type: ignore[arg-type]
+        self.consumed = consumed
+
+    def _replay_iterator(self, rng_state: torch.Tensor | None) -> None:
+        """Recreate the epoch's iterator from the random state captured when it was first made."""
+        set_epoch = getattr(self.sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(self.epoch)
+        generator = self._generator()
+        if rng_state is None:
+            self._rng_state = generator.get_state() if generator is not None else torch.get_rng_state()
+            self._iterator = iter(self.sampler)
+            return
+        self._rng_state = rng_state.clone()
+        if generator is not None:
+            generator.set_state(rng_state)
+            self._iterator = iter(self.sampler)
+            return
+        saved = torch.get_rng_state()
+        torch.set_rng_state(rng_state)
+        try:
+            self._iterator = iter(self.sampler)
+            # RandomSampler draws its seed lazily, on the first next(): force it now.
+            first = next(self._iterator)
+        finally:
+            torch.set_rng_state(saved)
+        self._iterator = _prepend(first, self._iterator)
+
+
+def _prepend(first: int, rest: Iterator[int]) -> Iterator[int]:
+    yield first
+    yield from rest
+
+
+__all__ = [
+    "EpochOrder",
+    "RandomSampler",
+    "SeededRandomOrder",
+    "SequentialSampler",
+    "make_base_order",
+]
