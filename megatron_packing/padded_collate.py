@@ -1,0 +1,253 @@
+"""Plan + fetched examples -> a step of padded [b, L] micro-batches (torch tensors).
+
+How the plan reaches the collator: the batch sampler yields a `PaddedStepPlan` (a list of
+indices with the plan attached). `PlanCarryingDataset.__getitems__` receives that object, fetches
+the examples and returns `FetchedStep(examples, plan)`; `PaddedCollator` turns it into a
+`PaddedBatch`. This works the same in the main process and in loader workers (the plan pickles
+with its attributes).
+
+Conventions: ``loss_mask[i]`` of a fetched example marks ``input_ids[i]`` as a training target.
+Labels are the next token within the example, so the output ``loss_mask[t]`` is the example's
+mask at ``t + 1``; the last real position and all padding have zero loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from megatron_packing.base_order import make_base_order
+from megatron_packing.collate import StepMetadata
+from megatron_packing.packing.microbatch import restore_input_order
+from megatron_packing.padded_sampler import PaddedStepPlan, TokenBudgetBatchSampler
+
+
+@dataclass
+class PaddedMicroBatch:
+    """b examples padded to a common length L (rows are examples, padding on the right)."""
+
+    tokens: torch.Tensor  # [b, L] int64, pad_token_id after each example's end
+    labels: torch.Tensor  # [b, L] int64, next token within the example; pad_token_id elsewhere
+    loss_mask: torch.Tensor  # [b, L] float32, 1 where labels[:, t] is trained on
+    attention_mask: torch.Tensor  # [b, L] bool, True on real tokens (causal masking is the model's)
+    lengths: torch.Tensor  # [b] int64, real tokens per row
+    position_ids: torch.Tensor  # [b, L] int64, 0..L-1 on every row
+    example_indices: tuple[int, ...]  # dataset indices, row by row
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.lengths.sum().item())
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return int(self.loss_mask.sum().item())
+
+    @property
+    def padded_tokens(self) -> int:
+        return int(self.tokens.numel())
+
+
+@dataclass
+class PaddedBatch:
+    """This rank's micro-batches for one step (``None`` = zero-loss dummy) and global metadata."""
+
+    micro_batches: list[PaddedMicroBatch | None]
+    meta: StepMetadata
+    example_indices: tuple[int, ...] = ()  # this rank's examples in input (sampler) order
+    schedule_positions: tuple[tuple[int, ...] | None, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.micro_batches)
+
+    def restore_order(self, outputs: Sequence[Sequence[Any] | None]) -> list[Any]:
+        """Per-micro-batch, per-row outputs (``None`` for dummies) -> one per example, input order."""
+        return restore_input_order(
+            range(len(self.example_indices)), list(self.schedule_positions), list(outputs)
+        )
+
+
+@dataclass
+class FetchedStep:
+    """What the dataset wrapper hands the collator: the examples and the plan they belong to."""
+
+    examples: list[dict[str, Any]]
+    plan: PaddedStepPlan
+
+
+class PlanCarryingDataset(Dataset):
+    """Wraps a map-style dataset so a batch fetch keeps the sampler's plan next to the examples."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index]
+
+    def __getitems__(self, indices: Sequence[int]) -> FetchedStep | list[Any]:
+        inner = getattr(self.dataset, "__getitems__", None)
+        examples = list(inner(list(indices))) if callable(inner) else [self.dataset[int(i)] for i in indices]
+        if isinstance(indices, PaddedStepPlan):
+            return FetchedStep(examples, indices)
+        return examples
+
+
+def _pad_rows(rows: list[np.ndarray], width: int, fill: int, dtype: torch.dtype) -> torch.Tensor:
+    out = torch.full((len(rows), width), fill, dtype=dtype)
+    for row, values in enumerate(rows):
+        if len(values):
+            out[row, : len(values)] = torch.as_tensor(values, dtype=dtype)
+    return out
+
+
+def collate_microbatch(
+    examples: Sequence[dict[str, Any]],
+    example_indices: Sequence[int],
+    *,
+    pad_token_id: int = 0,
+    pad_to_multiple_of: int = 1,
+) -> PaddedMicroBatch:
+    """Pad ``examples`` into one [b, L] micro-batch (L = longest, rounded up to the multiple)."""
+    if not examples:
+        raise ValueError("a micro-batch needs at least one example")
+    ids = [np.asarray(example["input_ids"], dtype=np.int64).reshape(-1) for example in examples]
+    masks = [np.asarray(example["loss_mask"]).reshape(-1).astype(np.float32) for example in examples]
+    for number, (tokens, mask) in enumerate(zip(ids, masks, strict=True)):
+        if tokens.shape != mask.shape:
+            raise ValueError(
+                f"example {example_indices[number]}: input_ids has {tokens.size} tokens but "
+                f"loss_mask has {mask.size}"
+            )
+    longest = max(1, max(tokens.size for tokens in ids))
+    width = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
+    tokens = _pad_rows(ids, width, pad_token_id, torch.int64)
+    labels = _pad_rows([row[1:] for row in ids], width, pad_token_id, torch.int64)
+    loss_mask = _pad_rows([row[1:] for row in masks], width, 0, torch.float32)
+    lengths = torch.tensor([row.size for row in ids], dtype=torch.int64)
+    positions = torch.arange(width, dtype=torch.int64).expand(len(ids), width).contiguous()
+    return PaddedMicroBatch(
+        tokens=tokens,
+        labels=labels,
+        loss_mask=loss_mask,
+        attention_mask=positions < lengths[:, None],
+        lengths=lengths,
+        position_ids=positions,
+        example_indices=tuple(int(i) for i in example_indices),
+    )
+
+
+def make_dummy_microbatch(pad_token_id: int = 0, length: int = 1) -> PaddedMicroBatch:
+    """A valid one-row micro-batch with zero loss: what a train step may run for a ``None``."""
+    batch = collate_microbatch(
+        [{"input_ids": np.full(length, pad_token_id), "loss_mask": np.zeros(length)}], [-1],
+        pad_token_id=pad_token_id,
+    )
+    batch.example_indices = ()
+    return batch
+
+
+class PaddedCollator:
+    """`FetchedStep` -> `PaddedBatch`; it follows the plan and never re-splits."""
+
+    def __init__(self, pad_token_id: int = 0, pad_to_multiple_of: int = 1) -> None:
+        if pad_to_multiple_of < 1:
+            raise ValueError(f"pad_to_multiple_of must be >= 1, got {pad_to_multiple_of}")
+        self.pad_token_id = pad_token_id
+        self.pad_to_multiple_of = pad_to_multiple_of
+
+    def __call__(self, fetched: FetchedStep) -> PaddedBatch:
+        if not isinstance(fetched, FetchedStep):
+            raise TypeError(
+                "PaddedCollator needs the sampler's plan: wrap the dataset in PlanCarryingDataset "
+                "and use TokenBudgetBatchSampler as the loader's batch_sampler "
+                f"(got {type(fetched).__name__})"
+            )
+        return self.collate(fetched.examples, fetched.plan)
+
+    def collate(self, examples: Sequence[dict[str, Any]], plan: PaddedStepPlan) -> PaddedBatch:
+        if len(examples) != len(plan):
+            raise ValueError(f"the plan lists {len(plan)} examples but {len(examples)} were fetched")
+        micro_batches: list[PaddedMicroBatch | None] = []
+        for group in plan.schedule_positions:
+            if group is None:
+                micro_batches.append(None)
+                continue
+            micro_batches.append(collate_microbatch(
+                [examples[p] for p in group], [plan[p] for p in group],
+                pad_token_id=self.pad_token_id, pad_to_multiple_of=self.pad_to_multiple_of,
+            ))
+        real = sum(plan.rank_real_microbatches)
+        meta = StepMetadata(
+            step=plan.step,
+            epoch=plan.epoch,
+            num_examples=plan.global_num_examples,
+            num_tokens=plan.global_num_tokens,
+            num_loss_tokens=-1 if plan.global_num_loss_tokens is None else plan.global_num_loss_tokens,
+            num_bins=plan.microbatches_per_rank * plan.dp_size,
+            num_padding_bins=plan.microbatches_per_rank * plan.dp_size - real,
+            num_placeholder_bins=plan.microbatches_per_rank * plan.dp_size - real,
+            micro_batches_per_rank=plan.microbatches_per_rank,
+            token_fill=plan.pad_efficiency,
+            dp_imbalance=plan.dp_imbalance,
+            plan_ms=plan.plan_ms,
+            aligned=plan.num_dummy_microbatches == 0,
+            extra={
+                "max_tokens_per_microbatch": float(plan.max_tokens or 0),
+                "padded_tokens": float(plan.global_padded_tokens),
+            },
+        )
+        return PaddedBatch(
+            micro_batches=micro_batches,
+            meta=meta,
+            example_indices=tuple(int(i) for i in plan),
+            schedule_positions=tuple(
+                None if group is None else tuple(group) for group in plan.schedule_positions
+            ),
+        )
+
+
+def build_padded_components(
+    dataset: Any, config: Any, *, dp_rank: int, dp_size: int, seed: int
+) -> tuple[TokenBudgetBatchSampler, PlanCarryingDataset, PaddedCollator]:
+    """(batch_sampler, dataset_wrapper, collate_fn) for ``use_sequence_packing: false``.
+
+    Use as ``StatefulDataLoader(wrapper, batch_sampler=sampler, collate_fn=collator, ...)``.
+    Lengths come from ``dataset.lengths`` (else from each example), loss counts from
+    ``dataset.loss_token_counts`` when present (counting targets after the first token).
+    """
+    lengths = getattr(dataset, "lengths", None)
+    if lengths is None:
+        lengths = [len(dataset[i]["input_ids"]) for i in range(len(dataset))]
+    loss_counts = getattr(dataset, "loss_token_counts", None)
+    order = make_base_order(getattr(config, "base_order", "random"), len(dataset), seed)
+    sampler = TokenBudgetBatchSampler(
+        order,
+        np.asarray(lengths),
+        config.global_batch_size,
+        dp_size,
+        dp_rank=dp_rank,
+        max_tokens_per_microbatch=config.max_tokens_per_microbatch,
+        micro_batch_size=config.micro_batch_size,
+        loss_token_counts=None if loss_counts is None else np.asarray(loss_counts),
+    )
+    collator = PaddedCollator(pad_token_id=getattr(config, "pad_token_id", 0))
+    return sampler, PlanCarryingDataset(dataset), collator
+
+
+__all__ = [
+    "FetchedStep",
+    "PaddedBatch",
+    "PaddedCollator",
+    "PaddedMicroBatch",
+    "PlanCarryingDataset",
+    "build_padded_components",
+    "collate_microbatch",
+    "make_dummy_microbatch",
+]

@@ -1,0 +1,318 @@
+"""`TokenBudgetBatchSampler`: the stateful batch sampler of padded (non-packed) mode.
+
+Each step takes the next B examples of the epoch's order (the epoch's last step takes what
+remains), splits them into dp contiguous slices of equal count (sizes differ by at most one when
+B is not a multiple of dp), and splits this rank's slice into padded micro-batches:
+
+- with a token budget: the slice is sorted by length (longest first, ties in input order) and cut
+  with `make_token_balanced_microbatches`;
+- without one: consecutive chunks of ``micro_batch_size`` in input order.
+
+Every rank computes every rank's schedule (same seed, same lengths), so the step's micro-batch
+count is agreed with no collective: the maximum over ranks, shorter ranks padded with ``None``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from megatron_packing.base_order import EpochOrder
+from megatron_packing.packing.microbatch import (
+    DEFAULT_SPLIT_METHOD,
+    SPLIT_METHODS,
+    SplitMethod,
+    example_lengths,
+    fixed_size_microbatches,
+    make_token_balanced_microbatches,
+    sort_by_length,
+)
+
+
+class PaddedStepPlan(list):
+    """This rank's example indices for one step (input order), with the step's plan attached.
+
+    ``schedule_positions[m]`` lists positions into this list for micro-batch ``m``;
+    ``schedule[m]`` lists the same examples as dataset indices. Dummy micro-batches are ``None``.
+    """
+
+    step: int
+    epoch: int
+    dp_rank: int | None
+    dp_size: int
+    max_tokens: int | None
+    micro_batch_size: int
+    schedule_positions: list[list[int] | None]
+    schedule: list[list[int] | None]
+    microbatches_per_rank: int
+    rank_num_examples: list[int]
+    rank_padded_tokens: list[int]
+    rank_real_microbatches: list[int]
+    global_num_examples: int
+    global_num_tokens: int
+    global_num_loss_tokens: int | None
+    plan_ms: float
+
+    @property
+    def global_padded_tokens(self) -> int:
+        return int(sum(self.rank_padded_tokens))
+
+    @property
+    def pad_efficiency(self) -> float:
+        """Real tokens / padded tokens over the whole step (1.0 = no padding)."""
+        padded = self.global_padded_tokens
+        return self.global_num_tokens / padded if padded else 1.0
+
+    @property
+    def num_dummy_microbatches(self) -> int:
+        return sum(self.microbatches_per_rank - real for real in self.rank_real_microbatches)
+
+    @property
+    def dp_imbalance(self) -> float:
+        """Slowest rank's padded tokens / mean rank's padded tokens."""
+        mean = self.global_padded_tokens / max(self.dp_size, 1)
+        return max(self.rank_padded_tokens) / mean if mean else 1.0
+
+
+def rank_slices(num_examples: int, dp_size: int) -> list[tuple[int, int]]:
+    """Contiguous [start, end) slices of a global batch: equal counts, +-1 when not divisible."""
+    bounds = [(rank * num_examples) // dp_size for rank in range(dp_size + 1)]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def split_rank_share(
+    share_lengths: np.ndarray,
+    max_tokens: int | None,
+    micro_batch_size: int,
+    method: SplitMethod = DEFAULT_SPLIT_METHOD,
+) -> list[list[int]]:
+    """Micro-batches of one rank's share, as positions into the share."""
+    positions = list(range(len(share_lengths)))
+    if not positions:
+        return []
+    if max_tokens is None:
+        return fixed_size_microbatches(positions, micro_batch_size)
+    ordered = sort_by_length(positions, share_lengths, descending=True)
+    return make_token_balanced_microbatches(ordered, share_lengths, max_tokens, method=method)
+
+
+def _positive_int(name: str, value: Any, *, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+class TokenBudgetBatchSampler:
+    """Stateful batch sampler for padded micro-batches under a token budget (see module doc).
+
+    ``sampler`` gives the epoch's example order (any sized sampler; see `EpochOrder`).
+    ``lengths[i]`` is example i's token count; ``loss_token_counts[i]`` (optional) its trained
+    tokens, so each plan carries the global loss-token count. With ``dp_rank=None`` the yielded
+    list is the whole global batch (for simulation) and ``schedule`` is rank 0's.
+    """
+
+    def __init__(
+        self,
+        sampler: Iterable[int],
+        lengths: Sequence[int] | np.ndarray,
+        global_batch_size: int,
+        dp_size: int,
+        *,
+        dp_rank: int | None = None,
+        max_tokens_per_microbatch: int | None = None,
+        micro_batch_size: int = 1,
+        loss_token_counts: Sequence[int] | np.ndarray | None = None,
+        split_method: SplitMethod = DEFAULT_SPLIT_METHOD,
+    ) -> None:
+        self.global_batch_size = _positive_int("global_batch_size", global_batch_size)
+        self.dp_size = _positive_int("dp_size", dp_size)
+        if dp_rank is not None and (
+            isinstance(dp_rank, bool) or not isinstance(dp_rank, int) or not 0 <= dp_rank < dp_size
+        ):
+            raise ValueError(f"dp_rank must be in [0, {dp_size}), got {dp_rank!r}")
+        self.dp_rank = dp_rank
+        self.micro_batch_size = _positive_int("micro_batch_size", micro_batch_size)
+        self._max_tokens = _positive_int(
+            "max_tokens_per_microbatch", max_tokens_per_microbatch, allow_none=True
+        )
+        if split_method not in SPLIT_METHODS:
+            raise ValueError(f"split_method must be one of {', '.join(SPLIT_METHODS)}, got {split_method!r}")
+        self.split_method = split_method
+        self._order = EpochOrder(sampler)
+        self.lengths = example_lengths(np.asarray(lengths))
+        if self.lengths.size != len(self._order):
+            raise ValueError(
+                f"lengths holds {self.lengths.size} entries but the base sampler yields "
+                f"{len(self._order)} examples per epoch; they must describe the same dataset"
+            )
+        self.loss_token_counts: np.ndarray | None = None
+        if loss_token_counts is not None:
+            counts = example_lengths(np.asarray(loss_token_counts))
+            if counts.size != self.lengths.size:
+                raise ValueError(
+                    f"loss_token_counts holds {counts.size} entries but lengths holds {self.lengths.size}"
+                )
+            self.loss_token_counts = counts
+        self._step = 0
+        self._budget_changes: dict[int, int] = {}
+
+    # ------------------------------------------------------------------ sizes and epochs
+    def __len__(self) -> int:
+        """Steps per epoch: ceil(N / B)."""
+        return math.ceil(len(self._order) / self.global_batch_size)
+
+    @property
+    def epoch(self) -> int:
+        return self._order.epoch
+
+    @property
+    def next_step(self) -> int:
+        """The index of the next step this sampler will plan (steps count across epochs)."""
+        return self._step
+
+    @property
+    def max_tokens(self) -> int | None:
+        """The budget in force for the next planned step (None: fixed micro_batch_size)."""
+        return self._budget_for(self._step)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its beginning; the current epoch keeps its cursor (for resume)."""
+        if int(epoch) != self._order.epoch:
+            self._order.start_epoch(int(epoch))
+
+    def set_max_tokens(self, max_tokens: int, from_step: int | None = None) -> None:
+        """Change the token budget from ``from_step`` (default: the next planned step) on."""
+        budget = _positive_int("max_tokens", max_tokens)
+        start = self._step if from_step is None else int(from_step)
+        if start < self._step:
+            raise ValueError(
+                f"cannot change the budget from step {start}: steps up to {self._step - 1} "
+                "are already planned"
+            )
+        self._budget_changes = {s: b for s, b in self._budget_changes.items() if s < start}
+        self._budget_changes[start] = budget  # type: ignore[assignment]
+
+    def _budget_for(self, step: int) -> int | None:
+        budget = self._max_tokens
+        for start in sorted(self._budget_changes):
+            if start <= step:
+                budget = self._budget_changes[start]
+        return budget
+
+    # ------------------------------------------------------------------ planning
+    def __iter__(self) -> Iterator[PaddedStepPlan]:
+        if self._order.consumed > 0 and self._order.remaining == 0:
+            self._order.start_epoch(self._order.epoch + 1)
+        while self._order.remaining > 0:
+            yield self._plan_next()
+
+    def _plan_next(self) -> PaddedStepPlan:
+        started = time.perf_counter()
+        budget = self._budget_for(self._step)
+        self._max_tokens = budget
+        self._budget_changes = {s: b for s, b in self._budget_changes.items() if s > self._step}
+        epoch = self._order.epoch
+        global_batch = self._order.take(self.global_batch_size)
+        lengths = self.lengths[np.asarray(global_batch, dtype=np.int64)]
+        slices = rank_slices(len(global_batch), self.dp_size)
+        schedules = [
+            split_rank_share(lengths[a:b], budget, self.micro_batch_size, self.split_method)
+            for a, b in slices
+        ]
+        count = max(len(schedule) for schedule in schedules)
+        padded = [
+            sum(len(group) * int(lengths[a:b][group].max()) for group in schedule)
+            for (a, b), schedule in zip(slices, schedules, strict=True)
+        ]
+        rank = 0 if self.dp_rank is None else self.dp_rank
+        start, end = slices[rank]
+        mine = global_batch[start:end] if self.dp_rank is not None else global_batch
+        positions: list[list[int] | None] = [list(group) for group in schedules[rank]]
+        positions += [None] * (count - len(positions))
+        offset = 0 if self.dp_rank is not None else start
+        plan = PaddedStepPlan(mine)
+        plan.step = self._step
+        plan.epoch = epoch
+        plan.dp_rank = self.dp_rank
+        plan.dp_size = self.dp_size
+        plan.max_tokens = budget
+        plan.micro_batch_size = self.micro_batch_size
+        plan.schedule_positions = [
+            None if group is None else [offset + p for p in group] for group in positions
+        ]
+        plan.schedule = [
+            None if group is None else [int(mine[p]) for p in group] for group in plan.schedule_positions
+        ]
+        plan.microbatches_per_rank = count
+        plan.rank_num_examples = [b - a for a, b in slices]
+        plan.rank_padded_tokens = padded
+        plan.rank_real_microbatches = [len(schedule) for schedule in schedules]
+        plan.global_num_examples = len(global_batch)
+        plan.global_num_tokens = int(lengths.sum())
+        plan.global_num_loss_tokens = (
+            int(self.loss_token_counts[np.asarray(global_batch, dtype=np.int64)].sum())
+            if self.loss_token_counts is not None
+            else None
+        )
+        self._step += 1
+        plan.plan_ms = (time.perf_counter() - started) * 1000.0
+        return plan
+
+    # ------------------------------------------------------------------ state
+    def _fingerprint(self) -> dict[str, Any]:
+        return {
+            "num_examples": int(self.lengths.size),
+            "global_batch_size": self.global_batch_size,
+            "dp_size": self.dp_size,
+            "micro_batch_size": self.micro_batch_size,
+            "split_method": self.split_method,
+            "lengths_sum": int(self.lengths.sum()),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """A fresh copy of the cursor, epoch, step and budget (safe to keep while iterating)."""
+        return {
+            "order": self._order.state_dict(),
+            "epoch": self._order.epoch,
+            "step": self._step,
+            "max_tokens": self._max_tokens,
+            "budget_changes": sorted(self._budget_changes.items()),
+            "fingerprint": self._fingerprint(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume exactly where ``state`` was taken; a state from another setup is an error."""
+        expected = self._fingerprint()
+        saved = state.get("fingerprint", {})
+        different = {k: (saved.get(k), v) for k, v in expected.items() if saved.get(k) != v}
+        if different:
+            detail = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in different.items())
+            raise ValueError(f"the sampler state was saved for a different setup ({detail})")
+        self._order.load_state_dict(state["order"])
+        self._step = int(state["step"])
+        self._max_tokens = state["max_tokens"]
+        self._budget_changes = {int(s): int(b) for s, b in state["budget_changes"]}
+
+
+def build_padded_components(
+    dataset: Any, config: Any, *, dp_rank: int, dp_size: int, seed: int
+) -> tuple[TokenBudgetBatchSampler, Any, Any]:
+    """(batch_sampler, dataset_wrapper, collate_fn) for padded mode; see `padded_collate`."""
+    from megatron_packing.padded_collate import build_padded_components as build
+
+    return build(dataset, config, dp_rank=dp_rank, dp_size=dp_size, seed=seed)
+
+
+__all__ = [
+    "PaddedStepPlan",
+    "TokenBudgetBatchSampler",
+    "build_padded_components",
+    "rank_slices",
+    "split_rank_share",
+]
