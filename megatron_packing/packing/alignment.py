@@ -1,0 +1,137 @@
+"""Alignment rules that tensor, context parallelism and FP8 impose on packed bins.
+
+Two multiples matter:
+
+* the **per-sequence** multiple: every packed sequence is padded up to it, because context
+  parallelism splits each sequence into ``2 x cp`` load-balanced chunks that are further
+  split across ``tp`` ranks by sequence parallelism;
+* the **per-bin** (aggregate) multiple: the whole bin's token count must divide by it. It is
+  paid once per bin, by growing only the last segment, never once per sequence.
+
+=====================  ==============  ================================================
+setting                per-sequence    per-bin
+=====================  ==============  ================================================
+cp = 1                 1               tp
+cp > 1                 2 x tp x cp     2 x tp x cp
+FP8 ``delayed`` /      (unchanged)     lcm(above, 16 x tp x cp) when tp > 1,
+``tensorwise`` / None                  lcm(above, 16 x cp) when tp = 1
+FP8 ``mxfp8``          (unchanged)     lcm(above, 32 x tp x cp)
+FP8 ``blockwise``      (unchanged)     lcm(above, 128 x tp x cp) when tp > 1,
+                                       lcm(above, 16 x cp) when tp = 1
+=====================  ==============  ================================================
+
+``None`` as the FP8 recipe means the default (``delayed``) recipe. A bin fits when the sum
+of its aligned sequence lengths is at most :meth:`Alignment.usable_capacity`, which is the same
+as its :meth:`Alignment.footprint` being at most the capacity.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """Per-sequence and per-bin token multiples (see the module docstring for the rules)."""
+
+    seq_multiple: int = 1
+    bin_multiple: int = 1
+    reason: str = field(default="", compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("seq_multiple", "bin_multiple"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            object.__setattr__(self, name, int(value))
+
+    def aligned_length(self, length: int) -> int:
+        """``length`` rounded up to the per-sequence multiple."""
+        m = self.seq_multiple
+        return -(-int(length) // m) * m
+
+    def aligned_lengths(self, lengths: Iterable[int] | np.ndarray) -> np.ndarray:
+        """Vectorised :meth:`aligned_length`; returns int64."""
+        arr = np.asarray(lengths, dtype=np.int64)
+        m = self.seq_multiple
+        if m == 1:
+            return arr.copy()
+        return -(-arr // m) * m
+
+    def footprint(self, lengths: Iterable[int] | np.ndarray) -> int:
+        """Tokens a bin holding ``lengths`` occupies: aligned sum, rounded up once per bin."""
+        total = int(self.aligned_lengths(lengths).sum())
+        m = self.bin_multiple
+        return -(-total // m) * m
+
+    def usable_capacity(self, bin_capacity: int) -> int:
+        """Largest multiple of the per-bin multiple not above ``bin_capacity``.
+
+        A bin fits iff the sum of its aligned lengths is at most this value.
+        """
+        cap = _positive_int(bin_capacity, "bin_capacity")
+        m = self.bin_multiple
+        if cap < m:
+            why = f" ({self.reason})" if self.reason else ""
+            raise ValueError(
+                f"bin_capacity {cap} is smaller than the per-bin multiple {m}{why}; "
+                f"use a capacity that is a multiple of {m}"
+            )
+        return (cap // m) * m
+
+    def max_sequence_length(self, bin_capacity: int) -> int:
+        """Longest raw sequence whose aligned length still fits an empty bin."""
+        usable = self.usable_capacity(bin_capacity)
+        return (usable // self.seq_multiple) * self.seq_multiple
+
+
+def _positive_int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def make_alignment(
+    tp_size: int = 1,
+    cp_size: int = 1,
+    fp8_enabled: bool = False,
+    fp8_recipe: str | None = None,
+) -> Alignment:
+    """Alignment for a tensor-parallel size, context-parallel size and FP8 setting."""
+    tp = _positive_int(tp_size, "tp_size")
+    cp = _positive_int(cp_size, "cp_size")
+    recipe = "delayed" if fp8_recipe is None else str(fp8_recipe).lower()
+    if recipe not in FP8_RECIPES:
+        raise ValueError(
+            f"unknown fp8_recipe {fp8_recipe!r}; valid recipes: {', '.join(FP8_RECIPES)}"
+        )
+    if cp > 1:
+        seq = 2 * tp * cp
+        bin_multiple = seq
+        reasons = [f"context parallelism needs 2*tp*cp = {seq}"]
+    else:
+        seq = 1
+        bin_multiple = tp
+        reasons = [f"sequence parallelism needs tp = {tp}"] if tp > 1 else []
+    if fp8_enabled:
+        if recipe == "mxfp8":
+            fp8 = 32 * tp * cp
+            rule = "32*tp*cp"
+        elif tp == 1:
+            fp8 = 16 * cp
+            rule = "16*cp"
+        elif recipe == "blockwise":
+            fp8 = 128 * tp * cp
+            rule = "128*tp*cp"
+        else:
+            fp8 = 16 * tp * cp
+            rule = "16*tp*cp"
+        bin_multiple = math.lcm(bin_multiple, fp8)
+        reasons.append(f"FP8 recipe {recipe!r} needs {rule} = {fp8}")
+    return Alignment(seq, bin_multiple, reason="; ".join(reasons))

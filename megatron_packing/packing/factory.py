@@ -1,0 +1,70 @@
+"""Builders for sequence packers: by algorithm name, or from a parallelism/FP8 setup."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .algorithms import (
+    BFDPacker,
+    FFDPacker,
+    MFFDPacker,
+    PackingAlgorithm,
+    SeqPacker,
+)
+from .alignment import make_alignment
+
+_PACKERS: dict[PackingAlgorithm, type[SeqPacker]] = {
+    PackingAlgorithm.MFFD: MFFDPacker,
+    PackingAlgorithm.FFD: FFDPacker,
+    PackingAlgorithm.BFD: BFDPacker,
+}
+
+
+def _algorithm(name: PackingAlgorithm | str) -> PackingAlgorithm:
+    try:
+        return PackingAlgorithm(name.lower() if isinstance(name, str) else name)
+    except ValueError:
+        valid = ", ".join(a.value for a in PackingAlgorithm)
+        raise ValueError(f"unknown packing algorithm {name!r}; valid names: {valid}") from None
+
+
+def make_seq_packer(
+    algorithm: PackingAlgorithm | str = "mffd", bin_capacity: int = 4096, **kwargs: Any
+) -> SeqPacker:
+    """A packer for ``algorithm`` (``mffd``, ``ffd`` or ``bfd``); kwargs go to :class:`SeqPacker`."""
+    return _PACKERS[_algorithm(algorithm)](bin_capacity, **kwargs)
+
+
+def _at_least_one(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def make_sft_sequence_packer(
+    bin_capacity: int,
+    tp_size: int = 1,
+    cp_size: int = 1,
+    *,
+    dp_size: int | None = None,
+    fp8_enabled: bool = False,
+    fp8_recipe: str | None = None,
+    algorithm: str = "mffd",
+    oversize_policy: str = "error",
+) -> SeqPacker:
+    """The packer SFT training uses: alignment from TP/CP/FP8, bin count a multiple of dp.
+
+    With ``dp_size`` the bin count is at least ``dp_size`` and a multiple of it; empty bins
+    are allowed (they become padding micro-batches) when there are fewer examples than ranks.
+    """
+    _at_least_one(tp_size, "tp_size")
+    _at_least_one(cp_size, "cp_size")
+    if dp_size is not None:
+        _at_least_one(dp_size, "dp_size")
+    kind = _algorithm(algorithm)
+    alignment = make_alignment(tp_size, cp_size, fp8_enabled, fp8_recipe)
+    alignment.usable_capacity(bin_capacity)  # clear error when capacity < per-bin multiple
+    kwargs: dict[str, Any] = {"alignment": alignment, "oversize_policy": oversize_policy}
+    if dp_size is not None:
+        kwargs.update(min_bin_count=dp_size, bin_count_multiple=dp_size, allow_empty_bins=True)
+    return _PACKERS[kind](bin_capacity, **kwargs)
