@@ -1,0 +1,281 @@
+"""Build the tokenized length index once, in parallel, and cache it on disk.
+
+The cache entry for one source is a :mod:`~megatron_packing.data.store` directory named by a
+hash of the source's content, the tokenizer (serialization, special tokens, chat template) and
+the tokenization options. A changed input, tokenizer, template or option gives a new key, so a
+stale entry is never read; an unchanged one loads in milliseconds (memory-mapped).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import multiprocessing as mp
+import os
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import BadRecordError, RecordProblem
+from .records import RawItem, parse_json_line, record_to_messages
+from .store import StoreWriter, TokenStore
+from .tokenize import ChatEncoder
+
+log = logging.getLogger(__name__)
+
+INDEX_VERSION = 1
+MAX_SKIP_EXAMPLES = 20
+BATCH = 256  # conversations per tokenizer call
+CHUNK = 2048  # records per worker task
+PARALLEL_MIN_RECORDS = 20_000
+
+
+@dataclass
+class LengthIndex:
+    """Per-example token lengths and loss-target counts, read without loading examples."""
+
+    lengths: np.ndarray
+    loss_token_counts: np.ndarray
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def load_length_index(path: str | os.PathLike[str]) -> LengthIndex:
+    """Read lengths and loss-token counts of a cache entry or pre-tokenized directory."""
+    store = TokenStore(path)
+    return LengthIndex(store.lengths, store.loss_token_counts, store.meta)
+
+
+def default_cache_dir() -> Path:
+    """``$MEGATRON_PACKING_CACHE``, else ``$XDG_CACHE_HOME/megatron_packing/sft``."""
+    env = os.environ.get("MEGATRON_PACKING_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "megatron_packing" / "sft"
+
+
+def hash_file(path: Path) -> str:
+    """Content hash of a file (streamed)."""
+    h = hashlib.blake2b(digest_size=16)
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def hash_rows(rows: Iterable[Any]) -> str:
+    """Content hash of dataset rows (their JSON, keys sorted)."""
+    h = hashlib.blake2b(digest_size=16)
+    for row in rows:
+        h.update(json.dumps(row, sort_keys=True, default=str).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def cache_key(data_hash: str, tokenizer_fp: str, encoder: ChatEncoder) -> str:
+    """Key of one cache entry: data, tokenizer + template, and tokenization options."""
+    payload = {
+        "index_version": INDEX_VERSION,
+        "data": data_hash,
+        "tokenizer": tokenizer_fp,
+        "loss_on": encoder.loss_on,
+        "max_length": encoder.max_length,
+        "truncate": encoder.truncate,
+        "method": encoder.method,
+    }
+    return hashlib.blake2b(json.dumps(payload, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+# -- chunk encoding (runs in workers) ------------------------------------------------------
+_WORKER_ENCODER: ChatEncoder | None = None
+
+
+@dataclass
+class ChunkResult:
+    ids: np.ndarray
+    mask: np.ndarray
+    lengths: np.ndarray
+    lines: np.ndarray
+    bad: list[tuple[int, str, str]]
+
+
+def encode_chunk(encoder: ChatEncoder, items: list[RawItem], raw_is_text: bool) -> ChunkResult:
+    """Validate and tokenize a chunk of raw records; bad ones are reported, not raised."""
+    bad: list[tuple[int, str, str]] = []
+    good: list[tuple[int, list[dict[str, str]]]] = []
+    for line, raw in items:
+        try:
+            record = parse_json_line(raw) if raw_is_text else raw
+            good.append((line, record_to_messages(record)))
+        except RecordProblem as exc:
+            bad.append((line, exc.reason, exc.detail))
+    ids_parts, mask_parts, lengths, lines = [], [], [], []
+    for start in range(0, len(good), BATCH):
+        batch = good[start : start + BATCH]
+        for (line, _), res in zip(batch, encoder.encode_batch([m for _, m in batch]), strict=True):
+            if isinstance(res, RecordProblem):
+                bad.append((line, res.reason, res.detail))
+                continue
+            ids_parts.append(res[0])
+            mask_parts.append(res[1])
+            lengths.append(len(res[0]))
+            lines.append(line)
+    bad.sort()
+    return ChunkResult(
+        np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.int32),
+        np.concatenate(mask_parts) if mask_parts else np.zeros(0, np.uint8),
+        np.asarray(lengths, dtype=np.int64),
+        np.asarray(lines, dtype=np.int64),
+        bad,
+    )
+
+
+def _worker_encode(args: tuple[list[RawItem], bool]) -> ChunkResult:
+    assert _WORKER_ENCODER is not None
+    return encode_chunk(_WORKER_ENCODER, *args)
+
+
+def _chunks(items: Iterable[RawItem], size: int) -> Iterator[list[RawItem]]:
+    chunk: list[RawItem] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _ordered_results(
+    items: Iterable[RawItem], raw_is_text: bool, encoder: ChatEncoder, num_proc: int
+) -> Iterator[tuple[int, ChunkResult]]:
+    """Encode chunks in order; with ``num_proc > 1`` a bounded window runs in a fork pool."""
+    if num_proc <= 1:
+        for chunk in _chunks(items, CHUNK):
+            yield len(chunk), encode_chunk(encoder, chunk, raw_is_text)
+        return
+    global _WORKER_ENCODER
+    _WORKER_ENCODER = encoder  # inherited by forked workers
+    ctx = mp.get_context("fork")
+    pool = ctx.Pool(num_proc)
+    try:
+        pending: deque[tuple[int, Any]] = deque()
+        for chunk in _chunks(items, CHUNK):
+            pending.append((len(chunk), pool.apply_async(_worker_encode, ((chunk, raw_is_text),))))
+            if len(pending) >= 3 * num_proc:
+                n, res = pending.popleft()
+                yield n, res.get()
+        while pending:
+            n, res = pending.popleft()
+            yield n, res.get()
+    finally:
+        pool.terminate()
+        pool.join()
+        _WORKER_ENCODER = None
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """Exclusive lock so that concurrent processes (ranks) build an entry only once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def raise_first_bad(store_meta: dict[str, Any]) -> None:
+    """In error mode, a cached entry that skipped records raises for its first bad record."""
+    examples = store_meta.get("skipped_examples") or []
+    if examples:
+        first = examples[0]
+        raise BadRecordError(first["source"], first["line"], first["reason"], first["detail"])
+
+
+def build_or_load(
+    *,
+    name: str,
+    source: str,
+    data_hash: str,
+    items: Iterable[RawItem],
+    total: int | None,
+    raw_is_text: bool,
+    encoder: ChatEncoder,
+    tokenizer_fp: str,
+    cache_dir: Path,
+    on_bad_record: str,
+    num_proc: int | None,
+    show_progress: bool,
+) -> TokenStore:
+    """Return the cached store for this source, building it first when missing."""
+    key = cache_key(data_hash, tokenizer_fp, encoder)
+    final = cache_dir / f"{_safe(name)}-{key}"
+    with _file_lock(cache_dir / f".{_safe(name)}-{key}.lock"):
+        if (final / "meta.json").is_file():
+            store = TokenStore(final)
+            log.debug("reusing length index %s", final)
+        else:
+            store = _build(
+                final, key, source, data_hash, items, total, raw_is_text, encoder,
+                tokenizer_fp, on_bad_record, num_proc, show_progress,
+            )
+    if on_bad_record == "error":
+        raise_first_bad(store.meta)
+    return store
+
+
+def _build(
+    final: Path, key: str, source: str, data_hash: str, items: Iterable[RawItem],
+    total: int | None, raw_is_text: bool, encoder: ChatEncoder, tokenizer_fp: str,
+    on_bad_record: str, num_proc: int | None, show_progress: bool,
+) -> TokenStore:
+    from tqdm.auto import tqdm
+
+    if num_proc is None:
+        num_proc = min(os.cpu_count() or 1, 8) if (total or 0) >= PARALLEL_MIN_RECORDS else 1
+    skipped: Counter[str] = Counter()
+    examples: list[dict[str, Any]] = []
+    writer = StoreWriter(final)
+    try:
+        with tqdm(total=total, unit="rec", desc=f"tokenizing {Path(source).name}",
+                  disable=not show_progress) as bar:
+            for n, res in _ordered_results(items, raw_is_text, encoder, num_proc):
+                if res.bad and on_bad_record == "error":
+                    line, reason, detail = res.bad[0]
+                    raise BadRecordError(source, line, reason, detail)
+                for line, reason, detail in res.bad:
+                    skipped[reason] += 1
+                    if len(examples) < MAX_SKIP_EXAMPLES:
+                        examples.append({"source": source, "line": line, "reason": reason, "detail": detail})
+                writer.append(res.ids, res.mask, res.lengths, res.lines)
+                bar.update(n)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.commit({
+        "kind": "cache",
+        "key": key,
+        "source": source,
+        "data_hash": data_hash,
+        "tokenizer_fingerprint": tokenizer_fp,
+        "loss_on": encoder.loss_on,
+        "max_length": encoder.max_length,
+        "truncate": encoder.truncate,
+        "method": encoder.method,
+        "skipped": dict(skipped),
+        "skipped_examples": examples,
+    })
+
+
+def _safe(name: str) -> str:
+    keep = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+    return keep[:60] or "data"
