@@ -125,6 +125,9 @@ class SeqPacker(ABC):
                 f"unknown oversize_policy {oversize_policy!r}; valid policies: {valid}"
             ) from None
         self._max_len = self._alignment.max_sequence_length(bin_capacity)
+        # One-entry memo of the last natural packing: planners call pack() and then
+        # pack_to_count() on the same lengths.
+        self._memo: tuple[bytes, list[list[int]]] | None = None
 
     @property
     def bin_capacity(self) -> int:
@@ -193,6 +196,12 @@ class SeqPacker(ABC):
     # -- packing -------------------------------------------------------------------------
     def _natural(self, sizes: np.ndarray, own: np.ndarray) -> list[list[int]]:
         """Bins of positions as the algorithm packs them, own-bin singletons first."""
+        key = sizes.tobytes() + own.tobytes()
+        if self._memo is None or self._memo[0] != key:
+            self._memo = (key, self._natural_uncached(sizes, own))
+        return [list(b) for b in self._memo[1]]
+
+    def _natural_uncached(self, sizes: np.ndarray, own: np.ndarray) -> list[list[int]]:
         bins: list[list[int]] = []
         if own.any():
             own_pos = np.flatnonzero(own)
@@ -255,7 +264,8 @@ class SeqPacker(ABC):
         """Exactly ``num_bins`` non-empty fitting bins holding every item, or None.
 
         More bins than the natural packing: balanced splitting. Fewer: packing capped at
-        ``num_bins`` (first, best and worst fit) plus a bounded repair. Ignores
+        ``num_bins`` (first, best, then worst fit) plus a bounded repair; a heuristic, so it
+        can return None for a count that some packing could reach. Ignores
         ``min_bin_count`` and ``bin_count_multiple``.
         """
         if isinstance(num_bins, bool) or not isinstance(num_bins, int | np.integer):

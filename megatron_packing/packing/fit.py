@@ -8,9 +8,10 @@ being placed). Bins are numbered in the order they are opened.
 Speed comes from two facts. Sizes are integers, so equal sizes form runs: a run of ``k``
 items of size ``s`` is placed a whole bin at a time (a bin with room ``r`` takes
 ``min(k, r // s)`` items at once, both under first fit and best fit), and new bins are
-opened in bulk. And every query is logarithmic: first fit descends a max segment tree over
-bins (leftmost bin with room >= s); best fit keeps one heap of bin ids per remaining room and
-a two-level bitset over rooms (the smallest room >= s is a lowest-set-bit lookup).
+opened in bulk. And every query is logarithmic or constant: first fit keeps the bins that
+can take the current size in a min-heap of bin ids (the first fit is its top); best fit
+keeps one heap of bin ids per remaining room and a two-level bitset over rooms (the
+smallest room >= s is a lowest-set-bit lookup). Both run in O(n log n).
 Ties: first fit takes the earliest-opened bin by definition; best fit takes, among bins with
 the same smallest room, the earliest-opened one.
 """
@@ -34,92 +35,95 @@ def _finish(bin_ids: list[int], counts: list[int]) -> np.ndarray:
     return np.repeat(np.asarray(bin_ids, dtype=np.int64), np.asarray(counts, dtype=np.int64))
 
 
-def _volume_bound(sizes: np.ndarray, capacity: int, limit: int) -> int:
-    """Most bins any any-fit packing can open: every two bins hold more than one capacity."""
-    return min(limit, 2 * (-(-int(sizes.sum()) // capacity)) + 1)
-
-
-def _grown(tree: list[int], leaves: int, n_bins: int) -> tuple[list[int], int]:
-    """The segment tree rebuilt with twice as many leaves."""
-    wide = 2 * leaves
-    new = [0] * (2 * wide)
-    new[wide : wide + n_bins] = tree[leaves : leaves + n_bins]
-    for node in range(wide - 1, 0, -1):
-        left = new[2 * node]
-        right = new[2 * node + 1]
-        new[node] = left if left >= right else right
-    return new, wide
+_BLOCK = 8  # rooms are bucketed in blocks of 2**_BLOCK for the two-level bitsets
 
 
 def first_fit_decreasing(
     sizes: np.ndarray, capacity: int, max_bins: int | None = None
 ) -> tuple[np.ndarray, int]:
-    """First fit over sizes sorted largest first, with a max segment tree over bins.
+    """First fit over sizes sorted largest first.
 
-    The tree is sized for the any-fit bound (2 x volume bound + 1 bins; it doubles if ever
-    full), so each query walks ~log2(bins) levels.
+    Because sizes only decrease, a bin is *eligible* (room >= current size) from the moment
+    the size drops to its room until an item brings its room below the size. Eligible bins
+    sit in a min-heap of bin ids, so the first fit is the heap's top. The others wait in
+    buckets by room; a two-level bitset finds the largest waiting room, and buckets whose
+    room is at least the new size join the heap when a new run of sizes starts.
     """
     n = len(sizes)
     if n == 0:
         return np.zeros(0, dtype=np.int64), 0
     limit = n if max_bins is None else min(n, max_bins)
-    guess = _volume_bound(sizes, capacity, limit)
-    leaves = 1
-    while leaves < guess:
-        leaves <<= 1
-    tree = [0] * (2 * leaves)
+    smallest = int(sizes[-1])
+    low = (1 << _BLOCK) - 1
+    eligible: list[int] = []
+    waiting: dict[int, list[int]] = {}
+    fine = [0] * ((capacity >> _BLOCK) + 1)
+    coarse = 0
+    rooms: list[int] = []
     out_bins: list[int] = []
     out_counts: list[int] = []
-    n_bins = 0
+
+    def wait(room: int, b: int) -> None:
+        nonlocal coarse
+        bucket = waiting.get(room)
+        if bucket is not None:
+            bucket.append(b)
+            return
+        waiting[room] = [b]
+        blk = room >> _BLOCK
+        if not fine[blk]:
+            coarse |= 1 << blk
+        fine[blk] |= 1 << (room & low)
+
     values, run_lengths = _runs(sizes)
     for s, k in zip(values, run_lengths, strict=True):
+        while coarse:  # wake every waiting bin whose room is now >= s
+            blk = coarse.bit_length() - 1
+            bits = fine[blk]
+            top = (blk << _BLOCK) + bits.bit_length() - 1
+            if top < s:
+                break
+            for b in waiting.pop(top):
+                heappush(eligible, b)
+            bits ^= 1 << (top & low)
+            fine[blk] = bits
+            if not bits:
+                coarse ^= 1 << blk
         while k:
-            if tree[1] >= s:
-                node = 1
-                while node < leaves:
-                    node <<= 1
-                    if tree[node] < s:
-                        node += 1
-                room = tree[node]
+            if eligible:
+                b = eligible[0]
+                room = rooms[b]
                 m = room // s
                 if m > k:
                     m = k
                 k -= m
-                out_bins.append(node - leaves)
+                out_bins.append(b)
                 out_counts.append(m)
                 room -= m * s
-                tree[node] = room
-                while node > 1:
-                    other = tree[node ^ 1]
-                    if other > room:
-                        room = other
-                    node >>= 1
-                    if tree[node] == room:
-                        break
-                    tree[node] = room
-            elif n_bins < limit:
+                rooms[b] = room
+                if room < s:
+                    heappop(eligible)
+                    if room >= smallest:
+                        wait(room, b)
+            elif len(rooms) < limit:
                 per = capacity // s
-                while k and n_bins < limit:
-                    if n_bins == leaves:
-                        tree, leaves = _grown(tree, leaves, n_bins)
+                while k and len(rooms) < limit:
                     m = per if per < k else k
                     k -= m
-                    out_bins.append(n_bins)
+                    b = len(rooms)
+                    out_bins.append(b)
                     out_counts.append(m)
                     room = capacity - m * s
-                    node = leaves + n_bins
-                    n_bins += 1
-                    while node and tree[node] < room:
-                        tree[node] = room
-                        node >>= 1
+                    rooms.append(room)
+                    if room >= s:
+                        heappush(eligible, b)
+                    elif room >= smallest:
+                        wait(room, b)
             else:
                 out_bins.append(-1)
                 out_counts.append(k)
                 k = 0
-    return _finish(out_bins, out_counts), n_bins
-
-
-_BLOCK = 8  # rooms are bucketed in blocks of 2**_BLOCK for the two-level bitset
+    return _finish(out_bins, out_counts), len(rooms)
 
 
 def best_fit_decreasing(
