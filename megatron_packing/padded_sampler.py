@@ -5,7 +5,7 @@ remains), splits them into dp contiguous slices of equal count (sizes differ by 
 B is not a multiple of dp), and splits this rank's slice into padded micro-batches:
 
 - with a token budget: the slice is sorted by length (longest first, ties in input order) and cut
-  with `make_token_balanced_microbatches`;
+  with `make_token_balanced_microbatches` (balanced split by default, see `SAMPLER_SPLIT_METHOD`);
 - without one: consecutive chunks of ``micro_batch_size`` in input order.
 
 Every rank computes every rank's schedule (same seed, same lengths), so the step's micro-batch
@@ -23,7 +23,6 @@ import numpy as np
 
 from megatron_packing.base_order import EpochOrder
 from megatron_packing.packing.microbatch import (
-    DEFAULT_SPLIT_METHOD,
     SPLIT_METHODS,
     SplitMethod,
     example_lengths,
@@ -78,6 +77,10 @@ class PaddedStepPlan(list):
         return max(self.rank_padded_tokens) / mean if mean else 1.0
 
 
+SAMPLER_SPLIT_METHOD: SplitMethod = "balanced"
+"""The sampler's splitter: the balanced split won or tied every workload of the benchmark."""
+
+
 def rank_slices(num_examples: int, dp_size: int) -> list[tuple[int, int]]:
     """Contiguous [start, end) slices of a global batch: equal counts, +-1 when not divisible."""
     bounds = [(rank * num_examples) // dp_size for rank in range(dp_size + 1)]
@@ -88,7 +91,7 @@ def split_rank_share(
     share_lengths: np.ndarray,
     max_tokens: int | None,
     micro_batch_size: int,
-    method: SplitMethod = DEFAULT_SPLIT_METHOD,
+    method: SplitMethod = SAMPLER_SPLIT_METHOD,
 ) -> list[list[int]]:
     """Micro-batches of one rank's share, as positions into the share."""
     positions = list(range(len(share_lengths)))
@@ -128,7 +131,7 @@ class TokenBudgetBatchSampler:
         max_tokens_per_microbatch: int | None = None,
         micro_batch_size: int = 1,
         loss_token_counts: Sequence[int] | np.ndarray | None = None,
-        split_method: SplitMethod = DEFAULT_SPLIT_METHOD,
+        split_method: SplitMethod = SAMPLER_SPLIT_METHOD,
     ) -> None:
         self.global_batch_size = _positive_int("global_batch_size", global_batch_size)
         self.dp_size = _positive_int("dp_size", dp_size)
@@ -310,6 +313,7 @@ def build_padded_components(
 
 
 __all__ = [
+    "SAMPLER_SPLIT_METHOD",
     "PaddedStepPlan",
     "TokenBudgetBatchSampler",
     "build_padded_components",
