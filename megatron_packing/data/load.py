@@ -142,6 +142,8 @@ def _load_raw(
     common = dict(encoder=encoder, tokenizer_fp=fp, cache_dir=cache, on_bad_record=on_bad_record,
                   num_proc=num_proc, show_progress=show_progress)
     if _is_dataset(src):
+        if isinstance(src.column_names, Mapping):
+            raise ValueError("got a dataset dictionary; pass one split, e.g. dataset_dict['train']")
         name = getattr(getattr(src, "info", None), "dataset_name", None) or "dataset"
         return build_or_load(
             name=f"dataset-{name}", source=f"<dataset {name}> row", data_hash=hash_rows(iter(src)),

@@ -70,6 +70,13 @@ class TokenStore:
     def __len__(self) -> int:
         return len(self.lengths)
 
+    def __getstate__(self) -> dict[str, str]:
+        # pickle the location, not the mapped arrays (DataLoader workers reopen the maps)
+        return {"path": str(self.path)}
+
+    def __setstate__(self, state: dict[str, str]) -> None:
+        self.__init__(state["path"])  # type: ignore[misc]
+
     def get(self, i: int) -> dict[str, np.ndarray]:
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
         return {

@@ -100,3 +100,14 @@ def test_pretokenized_mismatch_is_an_error(tok, two_files, tmp_path):
         load_sft_dataset(out, tok, loss_on="all")
     with pytest.raises(ValueError, match="needs a tokenizer"):
         load_sft_dataset([out, two_files[1]], None)
+
+
+def test_pickle_reopens_maps(tok, two_files, tmp_path):
+    import pickle
+
+    ds = load_sft_dataset(two_files[1], tok, cache_dir=tmp_path, show_progress=False)
+    blob = pickle.dumps(ds)
+    assert len(blob) < 4000 + 8 * len(ds)  # paths and index arrays, not the token data
+    back = pickle.loads(blob)
+    assert back.fingerprint == ds.fingerprint
+    np.testing.assert_array_equal(back[5]["input_ids"], ds[5]["input_ids"])
