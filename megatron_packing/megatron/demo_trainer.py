@@ -1,0 +1,256 @@
+"""The end-to-end CPU trainer: DP ranks on gloo, a tiny megatron-core GPT, packed SFT batches.
+
+`train` launches ``train.dp_size`` processes. Each builds the dataset and this rank's
+`build_sft_dataloader`, runs megatron-core's schedule over its micro-batches each step (their
+number varies per step), sums gradients over DP and steps the optimizer. Rank 0 logs the
+step metrics (JSONL, W&B), and all ranks checkpoint model, optimizer, LR schedule and the
+dataloader state every ``train.checkpoint_every`` steps; ``resume`` continues exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from megatron_packing.megatron.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from megatron_packing.megatron.launch import dp_group, spawn_data_parallel
+from megatron_packing.megatron.trainer_config import TrainingConfig
+from megatron_packing.metrics import (
+    JsonlLogger,
+    MetricsLogger,
+    MultiLogger,
+    read_jsonl,
+    step_metrics,
+    truncate_jsonl,
+)
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+@dataclass
+class RunSpec:
+    """One training run inside a launch: where it writes and how far it goes."""
+
+    output_dir: str
+    resume: bool = False
+    stop_after: int | None = None  # stop (with a checkpoint) once this many steps are done
+    num_workers: int | None = None  # overrides train.num_workers
+    use_wandb: bool = True
+    quiet: bool = False
+
+
+def train(cfg: TrainingConfig, *, output_dir: str | None = None, resume: bool = False,
+          use_wandb: bool = True, stop_after: int | None = None,
+          num_workers: int | None = None) -> dict[str, Any]:
+    """Train with ``cfg`` in fresh processes; return the run summary (also in summary.json)."""
+    spec = RunSpec(output_dir=output_dir or cfg.train.output_dir, resume=resume,
+                   stop_after=stop_after, num_workers=num_workers,
+                   use_wandb=use_wandb and cfg.logging.wandb)
+    return launch_runs(cfg, [spec])[0]
+
+
+def launch_runs(cfg: TrainingConfig, specs: list[RunSpec]) -> list[dict[str, Any]]:
+    """Run several specs one after another in one process launch (saves start-up time)."""
+    _prepare_dataset_cache(cfg)
+    spawn_data_parallel(_worker, cfg.train.dp_size, cfg, specs)
+    return [json.loads((Path(s.output_dir) / SUMMARY_FILE).read_text()) for s in specs]
+
+
+def _prepare_dataset_cache(cfg: TrainingConfig) -> None:
+    """Tokenize once in the launcher so that the ranks only read the cached index."""
+    _load_dataset(cfg)
+
+
+def _load_dataset(cfg: TrainingConfig) -> Any:
+    from megatron_packing.data import load_sft_dataset
+
+    data = cfg.data
+    return load_sft_dataset([cfg.resolve(p) for p in data.paths], cfg.resolve(data.tokenizer),
+                            loss_on=data.loss_on, on_bad_record=data.on_bad_record,
+                            cache_dir=cfg.resolve(data.cache_dir) if data.cache_dir else None,
+                            show_progress=False)
+
+
+def _vocab_size(cfg: TrainingConfig) -> int:
+    from megatron_packing.data.tokenize import load_tokenizer
+
+    return len(load_tokenizer(cfg.resolve(cfg.data.tokenizer)))
+
+
+def _worker(rank: int, world: int, cfg: TrainingConfig, specs: list[RunSpec]) -> None:
+    for spec in specs:
+        _run(rank, world, cfg, spec)
+
+
+def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> None:
+    from megatron_packing.loader import build_sft_dataloader
+    from megatron_packing.megatron.model import build_tiny_gpt
+    from megatron_packing.megatron.train_step import (
+        broadcast_parameters,
+        train_step,
+        warmup_cosine,
+    )
+
+    started = time.perf_counter()
+    tc = cfg.train
+    out = Path(spec.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    group = dp_group()
+    dataset = _load_dataset(cfg)
+    workers = tc.num_workers if spec.num_workers is None else spec.num_workers
+    loader = build_sft_dataloader(dataset, cfg.packing, dp_rank=rank, dp_size=world,
+                                  seed=tc.seed, total_steps=tc.steps, num_workers=workers)
+    model = build_tiny_gpt(cfg.model, vocab_size=_vocab_size(cfg),
+                           max_seq_len=cfg.packing.bin_capacity)
+    broadcast_parameters(model, group=group)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay,
+                                  betas=(0.9, 0.95))
+    scheduler = warmup_cosine(optimizer, total_steps=tc.steps, warmup_steps=tc.warmup_steps,
+                              min_ratio=tc.min_lr / tc.lr)
+
+    start_step = 0
+    latest = latest_checkpoint(out) if spec.resume else None
+    if latest is not None:
+        state = load_checkpoint(latest, rank)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        loader.load_state_dict(state["dataloader"])
+        start_step = int(state["step"])
+    elif spec.resume and rank == 0:
+        print(f"[train] no checkpoint under {out}; starting from step 0", flush=True)
+
+    logger = _make_logger(cfg, spec, out, rank, start_step)
+    stop = min(tc.steps, spec.stop_after) if spec.stop_after is not None else tc.steps
+    if rank == 0 and not spec.quiet:
+        print(f"[train] dp={world} steps {start_step}->{stop} of {tc.steps}, "
+              f"B={cfg.packing.global_batch_size} v={cfg.packing.allowed_variation} "
+              f"C={cfg.packing.bin_capacity} workers={workers}", flush=True)
+
+    iterator = iter(loader)
+    step = start_step
+    while step < stop:
+        batch = next(iterator)
+        result = train_step(model, optimizer, batch, scheduler=scheduler, dp_group=group,
+                            clip_grad=tc.clip_grad)
+        step += 1
+        metrics = step_metrics(batch.meta, loss=result.loss, lr=result.lr)
+        metrics["train/grad_norm"] = result.grad_norm
+        if logger is not None:
+            logger.log(metrics, step=step - 1)
+        if rank == 0 and not spec.quiet and (step % tc.log_every == 0 or step == 1):
+            print(f"[train] step {step:4d}  loss {result.loss:.4f}  "
+                  f"examples {batch.meta.num_examples:3d}  bins {batch.meta.num_bins:3d}  "
+                  f"fill {batch.meta.token_fill:.3f}  lr {result.lr:.2e}", flush=True)
+        if step % tc.checkpoint_every == 0 or step == stop:
+            save_checkpoint(out, step, rank, {
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "dataloader": loader.state_dict(),
+            })
+    del iterator
+    if logger is not None:
+        logger.finish()
+    dist.barrier()
+    if rank == 0:
+        summary = summarize(out, total_steps=tc.steps, seconds=time.perf_counter() - started)
+        (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+        if cfg.logging.plot:
+            plot_metrics(out)
+    dist.barrier()
+
+
+def _make_logger(cfg: TrainingConfig, spec: RunSpec, out: Path, rank: int,
+                 start_step: int) -> MetricsLogger | None:
+    if rank != 0:
+        return None
+    metrics_path = out / METRICS_FILE
+    if start_step == 0:
+        metrics_path.unlink(missing_ok=True)
+    else:
+        truncate_jsonl(metrics_path, keep_steps_below=start_step)
+    loggers: list[MetricsLogger] = [JsonlLogger(metrics_path)] if cfg.logging.jsonl else []
+    if spec.use_wandb and cfg.logging.wandb:
+        from megatron_packing.metrics import WandbLogger
+
+        loggers.append(WandbLogger(project=cfg.logging.wandb_project,
+                                   run_name=cfg.logging.run_name, directory=out,
+                                   config=dataclasses.asdict(cfg), mode=cfg.logging.wandb_mode))
+    return MultiLogger(loggers)
+
+
+def summarize(output_dir: str | Path, *, total_steps: int, seconds: float) -> dict[str, Any]:
+    """Totals over every logged step of the run (across resumes)."""
+    records = read_jsonl(Path(output_dir) / METRICS_FILE)
+    if not records:
+        return {"steps": 0}
+    losses = [r["train/loss"] for r in records]
+    tail = max(1, min(5, len(losses)))
+    return {
+        "steps": len(records),
+        "scheduled_steps": total_steps,
+        "examples": sum(r["train/actual_batch_size"] for r in records),
+        "real_tokens": sum(r["train/actual_num_tokens"] for r in records),
+        "loss_tokens": sum(r["train/loss_tokens"] for r in records),
+        "mean_token_fill": sum(r["train/token_fill"] for r in records) / len(records),
+        "padding_bins": sum(r["train/padding_bins"] for r in records),
+        "placeholder_bins": sum(r["train/placeholder_bins"] for r in records),
+        "mean_dp_imbalance": sum(r["train/dp_imbalance"] for r in records) / len(records),
+        "max_dp_imbalance": max(r["train/dp_imbalance"] for r in records),
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
+        "first_loss_mean5": sum(losses[:tail]) / tail,
+        "last_loss_mean5": sum(losses[-tail:]) / tail,
+        "seconds_this_launch": round(seconds, 1),
+    }
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The human-readable end-of-run report."""
+    if not summary.get("steps"):
+        return "no steps trained"
+    return "\n".join([
+        f"steps            {summary['steps']} (scheduled {summary['scheduled_steps']})",
+        f"examples         {summary['examples']}",
+        f"real tokens      {summary['real_tokens']}",
+        f"loss tokens      {summary['loss_tokens']}",
+        f"token fill       {summary['mean_token_fill']:.3f} (mean per step)",
+        f"padding bins     {summary['padding_bins']} (placeholder rows {summary['placeholder_bins']})",
+        f"dp imbalance     {summary['mean_dp_imbalance']:.3f} mean, {summary['max_dp_imbalance']:.3f} max",
+        f"loss             {summary['first_loss']:.4f} -> {summary['last_loss']:.4f} "
+        f"(first 5 mean {summary['first_loss_mean5']:.4f}, last 5 mean {summary['last_loss_mean5']:.4f})",
+    ])
+
+
+def plot_metrics(output_dir: str | Path) -> Path | None:
+    """PNG of loss, actual batch size and token fill per step (matplotlib, Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_jsonl(Path(output_dir) / METRICS_FILE)
+    if not records:
+        return None
+    steps = [r["step"] for r in records]
+    fig, axes = plt.subplots(3, 1, figsize=(7, 7), sharex=True)
+    panels = (("train/loss", "loss"), ("train/actual_batch_size", "examples per step"),
+              ("train/token_fill", "token fill"))
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        ax.plot(steps, [r[key] for r in records], marker=".", linewidth=1)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[-1].set_xlabel("step")
+    fig.suptitle("megatron_packing CPU demo")
+    fig.tight_layout()
+    path = Path(output_dir) / "metrics.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

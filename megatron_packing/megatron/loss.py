@@ -1,0 +1,72 @@
+"""Packing-invariant loss: a token sum divided once by the step's GLOBAL loss-token count.
+
+Why: the gradient of a step must be d(sum of token losses over the global batch / N) with N
+the global number of loss tokens, whatever way the examples were split into rows and ranks.
+A mean of per-row means (the classic micro-batch loss) weights a token by 1 / (tokens in its
+row), so it changes with packing. N comes from the plan (`StepMetadata.num_loss_tokens`), which
+is identical on every rank, so no collective is needed to know it.
+
+How it composes with megatron-core's schedule and DP reduction (model config
+``calculate_per_token_loss=True``):
+
+* The loss function returns ``(sum_local / N, local_tokens, report)``. With the per-token flag
+  the schedule does not divide the returned loss by ``num_microbatches`` (without the flag it
+  would, and a varying micro-batch count would change the gradient's scale each step).
+* Backward over this rank's micro-batches accumulates ``sum_{rank's tokens} dl / N``.
+* DP reduction must then SUM gradients over ranks (not average): the result is
+  ``sum_{all tokens} dl / N``, the exact global gradient. `train_step` installs such a
+  reduction as the schedule's ``finalize_model_grads_func``.
+* Placeholder rows have an all-zero loss mask, so they add exactly zero to loss and gradient.
+
+Megatron-LM's own loop reaches the same result differently (``--calculate-per-token-loss``:
+the loss returns the raw sum and its token count, DDP sums gradients, and
+``finalize_model_grads`` divides by the all-reduced count, which equals N); see
+`megatron_packing.megatron.megatron_lm.megatron_lm_loss_func`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+LossReport = dict[str, torch.Tensor]
+
+
+def masked_loss_sum(per_token_loss: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Sum of per-token losses where the mask is set (shapes [b, s]; computed in the loss dtype)."""
+    mask = loss_mask.to(per_token_loss.dtype)
+    return (per_token_loss * mask).sum()
+
+
+def make_loss_func(
+    loss_mask: torch.Tensor, global_loss_tokens: int, *, grad_reduce_divisor: int = 1
+) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, LossReport]]:
+    """Loss function for one micro-batch, in the schedule's 3-tuple protocol.
+
+    ``global_loss_tokens`` is N from the step's metadata. ``grad_reduce_divisor`` is the factor
+    by which the DP gradient reduction divides (1 for a SUM reduction, dp for an averaging one);
+    the loss is multiplied by it so that the reduced gradient is still the global one.
+    Needs ``calculate_per_token_loss=True`` in the model config (no division by micro-batches).
+    """
+    divisor = float(max(int(global_loss_tokens), 1))
+
+    def loss_func(per_token_loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, LossReport]:
+        total = masked_loss_sum(per_token_loss, loss_mask)
+        tokens = loss_mask.sum().to(torch.int)
+        scaled = total * (grad_reduce_divisor / divisor)
+        report = {"loss_sum": total.detach().to(torch.float64), "loss_tokens": tokens.detach()}
+        return scaled, tokens, report
+
+    return loss_func
+
+
+def reduce_reported_loss(reports: list[LossReport], global_loss_tokens: int,
+                         group: torch.distributed.ProcessGroup | None = None) -> float:
+    """The step's loss for logging: all ranks' token-loss sums / N (a collective over ``group``)."""
+    local = torch.zeros((), dtype=torch.float64)
+    for report in reports:
+        local += report["loss_sum"]
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(local, group=group)
+    return float(local.item()) / max(int(global_loss_tokens), 1)

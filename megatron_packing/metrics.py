@@ -1,0 +1,144 @@
+"""Per-step training metrics and where they go (W&B, a JSONL file, memory for tests).
+
+`step_metrics` turns a step's `StepMetadata` (global facts, identical on every rank) plus the
+step's loss and learning rate into the logged names. ``train/actual_batch_size`` is the number
+of real examples in the global batch: placeholder rows are never counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from megatron_packing.collate import StepMetadata
+
+METRIC_NAMES = (
+    "train/actual_batch_size",
+    "train/actual_num_tokens",
+    "train/loss_tokens",
+    "train/bins",
+    "train/padding_bins",
+    "train/token_fill",
+    "train/dp_imbalance",
+    "data/plan_ms",
+    "train/placeholder_bins",
+    "train/micro_batches_per_rank",
+    "train/aligned",
+)
+
+
+def step_metrics(meta: StepMetadata, *, loss: float | None = None,
+                 lr: float | None = None) -> dict[str, float]:
+    """The metrics of one step, keyed by their logged names."""
+    metrics: dict[str, float] = {
+        "train/actual_batch_size": int(meta.num_examples),
+        "train/actual_num_tokens": int(meta.num_tokens),
+        "train/loss_tokens": int(meta.num_loss_tokens),
+        "train/bins": int(meta.num_bins),
+        "train/padding_bins": int(meta.num_padding_bins),
+        "train/token_fill": float(meta.token_fill),
+        "train/dp_imbalance": float(meta.dp_imbalance),
+        "data/plan_ms": float(meta.plan_ms),
+        "train/placeholder_bins": int(meta.num_placeholder_bins),
+        "train/micro_batches_per_rank": int(meta.micro_batches_per_rank),
+        "train/aligned": int(bool(meta.aligned)),
+    }
+    if loss is not None:
+        metrics["train/loss"] = float(loss)
+    if lr is not None:
+        metrics["train/lr"] = float(lr)
+    return metrics
+
+
+@runtime_checkable
+class MetricsLogger(Protocol):
+    """Where per-step metrics go."""
+
+    def log(self, metrics: dict[str, Any], step: int) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+class InMemoryLogger:
+    """Keeps every logged record; for tests and for summaries."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[int, dict[str, Any]]] = []
+        self.finished = False
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        self.records.append((step, dict(metrics)))
+
+    def finish(self) -> None:
+        self.finished = True
+
+    def series(self, name: str) -> list[Any]:
+        return [m[name] for _, m in self.records if name in m]
+
+
+class JsonlLogger:
+    """One JSON object per step (``{"step": ..., <metrics>}``), flushed at once."""
+
+    def __init__(self, path: str | Path, *, append: bool = True) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a" if append else "w")
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        self._file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self._file.flush()
+
+    def finish(self) -> None:
+        self._file.close()
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Records written by `JsonlLogger`, in order."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def truncate_jsonl(path: str | Path, *, keep_steps_below: int) -> None:
+    """Drop records of steps >= ``keep_steps_below`` (steps redone after a resume)."""
+    path = Path(path)
+    records = [r for r in read_jsonl(path) if r["step"] < keep_steps_below]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+class WandbLogger:
+    """Thin adapter over a W&B run. Offline unless ``mode`` or ``WANDB_MODE`` says otherwise."""
+
+    def __init__(self, *, project: str, run_name: str | None = None, directory: str | Path,
+                 config: dict[str, Any] | None = None, mode: str | None = None) -> None:
+        import wandb
+
+        resolved = os.environ.get("WANDB_MODE") or mode or "offline"
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(project=project, name=run_name, dir=str(directory),
+                              config=config or {}, mode=resolved, reinit="finish_previous")
+        self.mode = resolved
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        self.run.log(dict(metrics), step=step)
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+class MultiLogger:
+    """Sends every record to several loggers."""
+
+    def __init__(self, loggers: list[MetricsLogger]) -> None:
+        self.loggers = list(loggers)
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        for logger in self.loggers:
+            logger.log(metrics, step)
+
+    def finish(self) -> None:
+        for logger in self.loggers:
+            logger.finish()

@@ -1,0 +1,67 @@
+"""Functions run inside spawned gloo data-parallel processes by the tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from packing_helpers import pack_row, random_examples, rank_batches
+
+from megatron_packing.megatron.launch import dp_group
+from megatron_packing.megatron.model import build_tiny_gpt, per_token_loss
+from megatron_packing.megatron.train_step import forward_backward
+from megatron_packing.megatron.trainer_config import ModelConfig
+
+STEP_SIZES = (5, 9, 3, 7)  # global examples per step: varies, one step leaves a placeholder row
+VOCAB = 64
+CAPACITY = 48
+
+
+def _grads(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.grad.reshape(-1).clone() for p in model.parameters()])
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def packed_vs_unpacked(rank: int, world: int, out_dir: str) -> None:
+    """Per step: loss and gradient of packed, one-per-row and single-process reference runs."""
+    model = build_tiny_gpt(ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4,
+                                       dtype="float64", init_seed=7),
+                           vocab_size=VOCAB, max_seq_len=CAPACITY)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    group = dp_group()
+    records = []
+    for step, size in enumerate(STEP_SIZES):
+        examples = random_examples(size, vocab=VOCAB, min_len=3, max_len=20, seed=100 + step)
+        packed, unpacked = rank_batches(step, examples, rank=rank, dp=world, capacity=CAPACITY)
+
+        model.zero_grad(set_to_none=True)
+        loss_u = forward_backward(model, unpacked, dp_group=group, loss_from_logits=True)
+        grad_u = _grads(model)
+
+        # Reference: every example of the global batch on this process, no DP, no schedule.
+        model.zero_grad(set_to_none=True)
+        total = sum(
+            (per_token_loss(model, row, loss_from_logits=True) * row.loss_mask.double()).sum()
+            for row in (pack_row([e]) for e in examples)
+        )
+        loss_ref = total / packed.meta.num_loss_tokens
+        loss_ref.backward()
+        grad_ref = _grads(model)
+
+        model.zero_grad(set_to_none=True)
+        loss_p = forward_backward(model, packed, dp_group=group, loss_from_logits=True)
+        grad_p = _grads(model)
+        records.append({
+            "step": step, "micro_batches": len(packed.micro_batches),
+            "placeholders": sum(r.is_placeholder for r in packed.micro_batches),
+            "loss_packed": loss_p, "loss_unpacked": loss_u, "loss_ref": float(loss_ref),
+            "grad_rel_packed_unpacked": _rel(grad_p, grad_u),
+            "grad_rel_packed_ref": _rel(grad_p, grad_ref),
+            "grad_norm": float(grad_p.norm()),
+        })
+        optimizer.step()  # move the weights so later steps compare at new points
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(records))
