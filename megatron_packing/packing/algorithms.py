@@ -27,6 +27,9 @@ from .fit import best_fit_decreasing, first_fit_decreasing, group_by_bin
 from .mffd import modified_first_fit_decreasing
 from .rebin import fit_into_count, split_to_count
 
+#: Inputs up to this size have their natural packing memoised (planner-sized calls).
+_MEMO_MAX_ITEMS = 1 << 16
+
 
 class PackingAlgorithm(StrEnum):
     """Names of the packing algorithms."""
@@ -196,6 +199,8 @@ class SeqPacker(ABC):
     # -- packing -------------------------------------------------------------------------
     def _natural(self, sizes: np.ndarray, own: np.ndarray) -> list[list[int]]:
         """Bins of positions as the algorithm packs them, own-bin singletons first."""
+        if len(sizes) > _MEMO_MAX_ITEMS:
+            return self._natural_uncached(sizes, own)
         key = sizes.tobytes() + own.tobytes()
         if self._memo is None or self._memo[0] != key:
             self._memo = (key, self._natural_uncached(sizes, own))
@@ -303,7 +308,7 @@ class MFFDPacker(SeqPacker):
 
 
 class FFDPacker(SeqPacker):
-    """First-Fit Decreasing (worst case 11/9 OPT + 6/9), O(n log n) with a segment tree."""
+    """First-Fit Decreasing (worst case 11/9 OPT + 6/9), O(n log n) with an eligible-bin heap."""
 
     algorithm = PackingAlgorithm.FFD
 

@@ -78,7 +78,7 @@ def test_oversize_error_names_example_and_lengths() -> None:
     with pytest.raises(OversizeSequenceError) as info:
         packer.pack([10, 63, 70])
     message = str(info.value)
-    # Position 1: length 63, aligned 64 > usable 64? No: 64 fits. Position 2: 70 -> 72.
+    # Usable capacity 64. Position 1: 63 -> aligned 64, fits. Position 2: 70 -> 72, too long.
     assert "position 2" in message and "length 70" in message and "72" in message
     assert "64" in message
     assert isinstance(info.value, ValueError)
