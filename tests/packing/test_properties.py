@@ -231,3 +231,28 @@ def test_mffd_matches_a_naive_reference() -> None:
         )
         lengths = np.clip(lengths, 1, capacity).tolist()
         assert make_seq_packer("mffd", capacity).pack(lengths) == naive_mffd(lengths, capacity)
+
+
+@SETTINGS
+@given(instances(), st.sampled_from(["truncate", "own_bin"]), st.integers(0, 4), st.data())
+def test_oversize_policies(inst, policy, n_long, data) -> None:
+    alignment, capacity, lengths, algorithm = inst
+    long = data.draw(
+        st.lists(st.integers(capacity + 1, 3 * capacity), min_size=n_long, max_size=n_long)
+    )
+    lengths = lengths + long
+    packer = make_seq_packer(algorithm, capacity, alignment=alignment, oversize_policy=policy)
+    bins = packer.pack(lengths)
+    check_partition(bins, len(lengths))
+    effective = packer.effective_lengths(lengths)
+    oversize = alignment.aligned_lengths(effective) > packer.usable_capacity
+    assert oversize.sum() == (n_long if policy == "own_bin" else 0)
+    for b in bins:
+        if len(b) == 1 and oversize[b[0]]:
+            continue
+        assert not oversize[b].any()
+        assert alignment.footprint(effective[b]) <= capacity
+    assert len(bins) >= packer.lower_bound(lengths)
+    k = len(bins) + 1
+    more = packer.pack_to_count(lengths, k)
+    assert (more is None) == (k > len(lengths))
