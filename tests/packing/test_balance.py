@@ -58,7 +58,7 @@ def test_kk_equal_counts_and_no_worse_than_round_robin(dp, per_rank, pool) -> No
     assert assign_bins_to_ranks(costs, dp) == ranks  # deterministic
 
 
-def test_kk_is_much_better_on_skewed_costs() -> None:
+def test_kk_beats_round_robin_on_sorted_costs() -> None:
     rng = np.random.default_rng(0)
     costs = np.sort(rng.random(64))[::-1]  # sorted costs hurt round robin
     kk = imbalance(costs, assign_bins_to_ranks(costs, 8))
