@@ -138,7 +138,11 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> None:
     iterator = iter(loader)
     step = start_step
     while step < stop:
-        batch = next(iterator)
+        try:
+            batch = next(iterator)
+        except StopIteration:  # one iteration of the loader is one epoch; start the next
+            iterator = iter(loader)
+            batch = next(iterator)
         result = train_step(model, optimizer, batch, scheduler=scheduler, dp_group=group,
                             clip_grad=tc.clip_grad)
         step += 1

@@ -1,0 +1,110 @@
+"""The ``megatron-packing`` command: ``train``, ``simulate`` and ``inspect``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _train(args: argparse.Namespace) -> int:
+    from megatron_packing.megatron.demo_trainer import format_summary, train
+    from megatron_packing.megatron.trainer_config import load_training_config
+
+    cfg = load_training_config(args.config)
+    if args.steps is not None:
+        cfg.train.steps = args.steps
+    out = args.output_dir or cfg.train.output_dir
+    summary = train(cfg, output_dir=out, resume=args.resume, use_wandb=not args.no_wandb)
+    print("\n== summary ==")
+    print(format_summary(summary))
+    print(f"outputs          {out}/ (metrics.jsonl, metrics.png, summary.json, checkpoints/)")
+    return 0
+
+
+def _simulate(argv: Sequence[str]) -> int:
+    from megatron_packing.simulation import run_simulation
+
+    result = run_simulation(list(argv))
+    return result if isinstance(result, int) else 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import yaml
+
+    from megatron_packing.config import PackingConfig
+
+    document = yaml.safe_load(Path(args.config).read_text()) or {}
+    section = document.get("packing", document) if isinstance(document, dict) else {}
+    dp = args.dp_size
+    if dp is None and isinstance(document, dict):
+        dp = (document.get("train") or {}).get("dp_size")
+    packing = PackingConfig.from_dict(section, source=args.config).validate(dp)
+    print(f"packing ({args.config}, dp={dp}):")
+    for key, value in packing.to_dict().items():
+        print(f"  {key}: {value}")
+    print(f"  v (allowed batch variation): {packing.allowed_variation} examples "
+          f"-> batch size in [{packing.global_batch_size - packing.allowed_variation}, "
+          f"{packing.global_batch_size + packing.allowed_variation}]")
+    data = args.data or ((document.get("data") or {}).get("paths") if args.with_data else None)
+    if data:
+        _print_length_stats(data, args.tokenizer or (document.get("data") or {}).get("tokenizer"),
+                            packing.bin_capacity)
+    return 0
+
+
+def _print_length_stats(paths: str | list[str], tokenizer: str | None, capacity: int) -> None:
+    import numpy as np
+
+    from megatron_packing.data import load_sft_dataset
+
+    ds = load_sft_dataset(paths, tokenizer, show_progress=False)
+    lengths = np.asarray(ds.lengths)
+    pct = np.percentile(lengths, [50, 90, 99])
+    print(f"dataset: {len(ds)} examples, {int(lengths.sum())} tokens, "
+          f"{int(np.asarray(ds.loss_token_counts).sum())} loss tokens")
+    print(f"  length min {lengths.min()} mean {lengths.mean():.1f} p50 {pct[0]:.0f} "
+          f"p90 {pct[1]:.0f} p99 {pct[2]:.0f} max {lengths.max()}")
+    print(f"  longer than bin_capacity {capacity}: {int((lengths > capacity).sum())}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="megatron-packing",
+                                     description="DP-aligned sequence packing for Megatron SFT")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    tr = sub.add_parser("train", help="train the CPU demo model (2 DP ranks on gloo)")
+    tr.add_argument("--config", required=True, help="training YAML (packing, data, model, train, logging)")
+    tr.add_argument("--output-dir", help="where metrics, plot and checkpoints go")
+    tr.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    tr.add_argument("--no-wandb", action="store_true", help="do not log to W&B")
+    tr.add_argument("--steps", type=int, help="override train.steps")
+
+    sub.add_parser("simulate", help="simulate packing and DP alignment on a length distribution",
+                   add_help=False)
+
+    ins = sub.add_parser("inspect", help="print a config's resolved packing keys and v")
+    ins.add_argument("--config", required=True)
+    ins.add_argument("--dp-size", type=int, help="validate against this dp size")
+    ins.add_argument("--data", nargs="+", help="dataset path(s) for length statistics")
+    ins.add_argument("--tokenizer", help="tokenizer directory for --data")
+    ins.add_argument("--with-data", action="store_true",
+                     help="also print length statistics of the config's data section")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``megatron-packing``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "simulate":
+        return _simulate(argv[1:])
+    args = build_parser().parse_args(argv)
+    if args.command == "train":
+        return _train(args)
+    return _inspect(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

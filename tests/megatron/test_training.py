@@ -1,0 +1,140 @@
+"""End-to-end training in real gloo processes: exact kill-and-resume, logged batch sizes.
+
+Two process launches serve every test here: launch 1 runs an uninterrupted run and the first
+part of two interrupted runs (dataloader workers 0 and 2), which save and stop; launch 2
+(new processes) resumes both and finishes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from megatron_packing.config import PackingConfig
+from megatron_packing.megatron.trainer_config import training_config_from_dict
+from megatron_packing.metrics import read_jsonl
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO_DATA = REPO / "examples" / "data" / "demo_chat.jsonl"
+TOKENIZER = REPO / "examples" / "tokenizer"
+STEPS = 9
+STOP_AT = 4
+PACKING = {"global_batch_size": 8, "bin_capacity": 256, "align_packing_bins_to_dp": True,
+           "packing_batch_size_allowed_variation": 0.25, "oversize_policy": "truncate",
+           "seed": 3}
+
+
+class _Prefix:
+    """The first ``n`` examples of a dataset (what a file of its first n records gives)."""
+
+    def __init__(self, dataset, n: int) -> None:
+        self.dataset, self.n = dataset, n
+        self.lengths = np.asarray(dataset.lengths[:n])
+        self.loss_token_counts = np.asarray(dataset.loss_token_counts[:n])
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return self.dataset[i]
+
+
+def _global_plans(dataset, steps: int) -> list:
+    from megatron_packing.loader import build_packing_sampler
+
+    sampler = build_packing_sampler(dataset, PackingConfig(**PACKING), dp_rank=None, dp_size=2,
+                                    seed=PACKING["seed"], total_steps=steps)
+    plans = []
+    while len(plans) < steps:
+        plans += [batch.plan for batch in itertools.islice(iter(sampler), steps - len(plans))]
+    return plans
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from megatron_packing.data import load_sft_dataset
+    from megatron_packing.megatron.demo_trainer import RunSpec, launch_runs
+
+    root = tmp_path_factory.mktemp("training")
+    lines = DEMO_DATA.read_text().splitlines()[:90]
+    probe = load_sft_dataset([str(_write(root / "probe.jsonl", lines))], str(TOKENIZER),
+                             cache_dir=str(root / "cache"), show_progress=False)
+    # The smallest prefix of the demo data whose schedule has a tail step with placeholder rows.
+    for n in range(30, len(lines)):
+        ds = _Prefix(probe, n)
+        if any(p.placeholder_bins for p in _global_plans(ds, STEPS)):
+            break
+    else:
+        pytest.fail("no prefix of the demo data gives a placeholder row")
+    data = _write(root / "data.jsonl", lines[:n])
+    cfg = training_config_from_dict({
+        "packing": PACKING,
+        "data": {"paths": [str(data)], "tokenizer": str(TOKENIZER), "cache_dir": str(root / "cache")},
+        "model": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2},
+        "train": {"steps": STEPS, "lr": 0.01, "warmup_steps": 2, "dp_size": 2,
+                  "checkpoint_every": 100, "seed": 3},
+        "logging": {"wandb": False, "plot": False},
+    })
+    dirs = {name: str(root / name) for name in ("full", "w0", "w2")}
+    launch_runs(cfg, [RunSpec(dirs["full"], num_workers=0, quiet=True),
+                      RunSpec(dirs["w0"], num_workers=0, stop_after=STOP_AT, quiet=True),
+                      RunSpec(dirs["w2"], num_workers=2, stop_after=STOP_AT, quiet=True)])
+    part1 = {k: read_jsonl(Path(dirs[k]) / "metrics.jsonl") for k in ("w0", "w2")}
+    launch_runs(cfg, [RunSpec(dirs["w0"], resume=True, num_workers=0, quiet=True),
+                      RunSpec(dirs["w2"], resume=True, num_workers=2, quiet=True)])
+    full_ds = load_sft_dataset([str(data)], str(TOKENIZER), cache_dir=str(root / "cache"),
+                               show_progress=False)
+    return {"dirs": dirs, "part1": part1, "plans": _global_plans(full_ds, STEPS)}
+
+
+def _write(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _metrics(run_dir: str) -> list[dict]:
+    return read_jsonl(Path(run_dir) / "metrics.jsonl")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["w0", "w2"])
+def test_kill_and_resume_matches_uninterrupted(runs, name):
+    full = _metrics(runs["dirs"]["full"])
+    resumed = _metrics(runs["dirs"][name])
+    assert len(runs["part1"][name]) == STOP_AT  # the first launch really stopped early
+    assert [r["step"] for r in resumed] == list(range(STEPS))
+    for a, b in zip(full, resumed, strict=True):
+        for key in ("train/actual_batch_size", "train/actual_num_tokens", "train/loss_tokens",
+                    "train/bins", "train/loss", "train/lr", "train/grad_norm"):
+            assert a[key] == b[key], (a["step"], key)
+    summary = json.loads((Path(runs["dirs"][name]) / "summary.json").read_text())
+    assert summary["examples"] == sum(r["train/actual_batch_size"] for r in full)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["full", "w2"])
+def test_logged_batch_size_is_the_plans_real_examples(runs, name):
+    """num_workers=0 (full) and collation prefetched by 2 workers (w2, across a resume)."""
+    logged = _metrics(runs["dirs"][name])
+    plans = runs["plans"]
+    assert len(logged) == len(plans) == STEPS
+    assert any(p.placeholder_bins for p in plans), "the schedule must include a placeholder tail"
+    for record, plan in zip(logged, plans, strict=True):
+        real = sum(len(b) for b in plan.bins)
+        assert record["train/actual_batch_size"] == real == plan.num_examples
+        assert record["train/placeholder_bins"] == sum(1 for b in plan.bins if not b)
+        assert record["train/bins"] == plan.num_bins
+        assert record["train/loss_tokens"] == plan.num_loss_tokens
+
+
+@pytest.mark.slow
+def test_loss_falls_and_outputs_exist(runs):
+    full = _metrics(runs["dirs"]["full"])
+    assert full[-1]["train/loss"] < full[0]["train/loss"]
+    ckpt = Path(runs["dirs"]["full"]) / "checkpoints"
+    assert (ckpt / "latest").read_text().strip() == f"step_{STEPS:06d}"
+    assert {p.name for p in (ckpt / f"step_{STEPS:06d}").iterdir()} == {"rank0.pt", "rank1.pt"}
