@@ -6,7 +6,10 @@ exactly whatever the base sampler is:
 - a sampler with ``state_dict`` / ``load_state_dict`` restores its own state;
 - any other sampler is fast-forwarded: the random state it draws from (its ``generator``, or
   torch's global generator) is captured when the epoch's iterator is created, and a resume
-  recreates that iterator and skips the examples already read.
+  recreates that iterator and skips the examples already read;
+- a sampler with a ``generator`` attribute left as None (torch's ``RandomSampler`` default)
+  would draw each epoch from torch's global generator, which no restart can reproduce; it is
+  given a generator seeded from (seed, epoch) at each epoch start instead.
 
 The epoch is explicit state: creating an extra iterator never moves it.
 """
@@ -59,7 +62,7 @@ def _is_stateful(sampler: Any) -> bool:
 class EpochOrder:
     """Reads the base sampler's order for the current epoch, one example at a time, resumably."""
 
-    def __init__(self, sampler: Iterable[int]) -> None:
+    def __init__(self, sampler: Iterable[int], seed: int = 0) -> None:
         if not isinstance(sampler, Sized):
             raise TypeError(
                 f"the base sampler {type(sampler).__name__} has no __len__: the packing sampler "
@@ -67,11 +70,13 @@ class EpochOrder:
                 "sampler that reports len()"
             )
         self.sampler = sampler
+        self.seed = int(seed)
         self.epoch = 0
         self.consumed = 0  # examples read from this epoch's order so far
         self._iterator: Iterator[int] | None = None
         self._rng_state: torch.Tensor | None = None
         self._stateful = _is_stateful(sampler)
+        self._owns_generator = False
 
     def __len__(self) -> int:
         return len(self.sampler)  # type: ignore[arg-type]
@@ -116,6 +121,13 @@ class EpochOrder:
         return self._iterator
 
     def _generator(self) -> torch.Generator | None:
+        if self._owns_generator or (
+            hasattr(self.sampler, "generator") and self.sampler.generator is None
+        ):
+            self._owns_generator = True
+            seeded = torch.Generator()
+            seeded.manual_seed(self.seed * 1_000_003 + self.epoch)
+            self.sampler.generator = seeded
         generator = getattr(self.sampler, "generator", None)
         return generator if isinstance(generator, torch.Generator) else None
 

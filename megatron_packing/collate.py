@@ -8,7 +8,9 @@ micro-batch count receives placeholder rows: valid, minimal-length rows with zer
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -72,3 +74,121 @@ class PackedBatch:
 
     def __len__(self) -> int:
         return len(self.micro_batches)
+
+
+class PackedCollator:
+    """Turns a planned step's fetched examples into this rank's `PackedBatch`.
+
+    Examples are mappings with ``input_ids`` and, optionally, ``loss_mask`` (1 on tokens the
+    model should learn to produce; absent means every token). The label at position t is the
+    next token of the same sequence, trained on when the mask marks that next token.
+    """
+
+    def __init__(
+        self,
+        alignment: Any,
+        bin_capacity: int,
+        *,
+        pad_token_id: int = 0,
+        pad_bins_to_capacity: bool = False,
+    ) -> None:
+        self.alignment = alignment
+        self.bin_capacity = int(bin_capacity)
+        self.pad_token_id = int(pad_token_id)
+        self.pad_bins_to_capacity = pad_bins_to_capacity
+
+    def __call__(self, fetched: Any) -> PackedBatch:
+        plan = getattr(fetched, "plan", None)
+        if plan is None:
+            raise TypeError(
+                "PackedCollator needs examples fetched through PlannedDataset with a "
+                "DPAlignedPackingBatchSampler (the plan travels with the indices)"
+            )
+        examples = fetched.by_index()
+        rank = fetched.dp_rank
+        bins = plan.bins if rank is None else plan.bins_of_rank(rank)
+        micro_batches = [self._pack_row(b, examples, plan.truncated) for b in bins]
+        return PackedBatch(micro_batches=micro_batches, meta=step_metadata(plan))
+
+    def _pack_row(self, indices: tuple[int, ...], examples: dict[int, Any],
+                  truncated: dict[int, int]) -> PackedMicroBatch:
+        align = self.alignment
+        if not indices:
+            return self._placeholder_row()
+        sequences = []
+        for index in indices:
+            example = examples[index]
+            ids = np.asarray(example["input_ids"], dtype=np.int64)
+            mask = example.get("loss_mask") if isinstance(example, dict) else None
+            mask = np.ones(len(ids), dtype=np.float32) if mask is None else np.asarray(mask, dtype=np.float32)
+            keep = truncated.get(index, len(ids))
+            sequences.append((ids[:keep], mask[:keep]))
+        real = np.array([len(ids) for ids, _ in sequences], dtype=np.int64)
+        padded = np.array([align.aligned_length(int(n)) for n in real], dtype=np.int64)
+        total = int(padded.sum())
+        row_length = -(-total // align.bin_multiple) * align.bin_multiple
+        if self.pad_bins_to_capacity:
+            row_length = max(row_length, self.bin_capacity)
+        padded[-1] += row_length - total  # the aggregate padding is paid once, by the last segment
+        starts = np.concatenate(([0], np.cumsum(padded)[:-1]))
+
+        tokens = np.full(row_length, self.pad_token_id, dtype=np.int64)
+        labels = np.full(row_length, self.pad_token_id, dtype=np.int64)
+        loss_mask = np.zeros(row_length, dtype=np.float32)
+        position_ids = np.empty(row_length, dtype=np.int64)
+        for (ids, mask), start, seg in zip(sequences, starts, padded, strict=True):
+            n = len(ids)
+            tokens[start:start + n] = ids
+            labels[start:start + n - 1] = ids[1:]
+            loss_mask[start:start + n - 1] = mask[1:]
+            position_ids[start:start + seg] = np.arange(seg)
+        cu_seqlens = np.concatenate(([0], np.cumsum(real))).astype(np.int32)
+        cu_padded = np.concatenate(([0], np.cumsum(padded))).astype(np.int32)
+        return PackedMicroBatch(
+            tokens=torch.from_numpy(tokens).unsqueeze(0),
+            labels=torch.from_numpy(labels).unsqueeze(0),
+            loss_mask=torch.from_numpy(loss_mask).unsqueeze(0),
+            position_ids=torch.from_numpy(position_ids).unsqueeze(0),
+            cu_seqlens=torch.from_numpy(cu_seqlens),
+            cu_seqlens_padded=torch.from_numpy(cu_padded),
+            max_seqlen=int(padded.max()),
+            example_indices=tuple(int(i) for i in indices),
+        )
+
+    def _placeholder_row(self) -> PackedMicroBatch:
+        """A valid one-token row with zero loss, padded to the alignment (or the capacity)."""
+        length = -(-self.alignment.aligned_length(1) // self.alignment.bin_multiple)
+        length *= self.alignment.bin_multiple
+        if self.pad_bins_to_capacity:
+            length = max(length, self.bin_capacity)
+        return PackedMicroBatch(
+            tokens=torch.full((1, length), self.pad_token_id, dtype=torch.int64),
+            labels=torch.full((1, length), self.pad_token_id, dtype=torch.int64),
+            loss_mask=torch.zeros((1, length), dtype=torch.float32),
+            position_ids=torch.arange(length, dtype=torch.int64).unsqueeze(0),
+            cu_seqlens=torch.tensor([0, 1], dtype=torch.int32),
+            cu_seqlens_padded=torch.tensor([0, length], dtype=torch.int32),
+            max_seqlen=length,
+            example_indices=(),
+            is_placeholder=True,
+        )
+
+
+def step_metadata(plan: Any) -> StepMetadata:
+    """The step's global metadata, read from the shared plan (no communication)."""
+    return StepMetadata(
+        step=plan.step,
+        epoch=plan.epoch,
+        num_examples=plan.num_examples,
+        num_tokens=plan.num_tokens,
+        num_loss_tokens=-1 if plan.num_loss_tokens is None else plan.num_loss_tokens,
+        num_bins=plan.num_bins,
+        num_padding_bins=plan.padding_bins,
+        num_placeholder_bins=plan.placeholder_bins,
+        micro_batches_per_rank=plan.micro_batches_per_rank,
+        token_fill=plan.token_fill,
+        dp_imbalance=plan.dp_imbalance,
+        plan_ms=plan.plan_ms,
+        aligned=plan.aligned,
+        is_eval=plan.is_eval,
+    )

@@ -33,6 +33,26 @@ def allowed_batch_variation(global_batch_size: int, variation: float) -> int:
     return int(math.floor(global_batch_size * variation + 1e-9))
 
 
+def check_batch_window(global_batch_size: int, variation: float, dp_size: int | None) -> int:
+    """Validate the DP-alignment window and return v; errors say what would be valid."""
+    v = allowed_batch_variation(global_batch_size, variation)
+    if v < 1:
+        smallest = math.ceil(1e6 / global_batch_size) / 1e6
+        raise ConfigError(
+            f"packing_batch_size_allowed_variation={variation} gives a window of "
+            f"floor({global_batch_size} x {variation}) = 0 examples for "
+            f"global_batch_size={global_batch_size}; use at least {smallest:g} (a window of one "
+            "example)"
+        )
+    if dp_size is not None and global_batch_size - v < dp_size:
+        raise ConfigError(
+            f"global_batch_size - v = {global_batch_size} - {v} = {global_batch_size - v} is "
+            f"smaller than the data-parallel size {dp_size}: every rank needs at least one "
+            f"example per step; raise global_batch_size to at least {dp_size + v}"
+        )
+    return v
+
+
 @dataclass
 class PackingConfig:
     """Dataloader settings. Field names are the YAML keys (section ``packing:`` or top level)."""
@@ -130,21 +150,7 @@ class PackingConfig:
                     "align_packing_bins_to_dp: true needs use_sequence_packing: true "
                     "(bins only exist when examples are packed)"
                 )
-            batch = self.global_batch_size
-            if self.allowed_variation < 1:
-                smallest = math.ceil(1 / batch * 1e6) / 1e6
-                raise ConfigError(
-                    f"packing_batch_size_allowed_variation={variation} gives a window of "
-                    f"floor({batch} x {variation}) = 0 examples for global_batch_size={batch}; "
-                    f"use at least {smallest:g} (a window of one example)"
-                )
-            if dp_size is not None and batch - self.allowed_variation < dp_size:
-                raise ConfigError(
-                    f"global_batch_size - v = {batch} - {self.allowed_variation} = "
-                    f"{batch - self.allowed_variation} is smaller than the data-parallel size "
-                    f"{dp_size}: every rank needs at least one example per step; raise "
-                    f"global_batch_size to at least {dp_size + self.allowed_variation}"
-                )
+            check_batch_window(self.global_batch_size, variation, dp_size)
         if dp_size is not None:
             _require_int("dp_size", dp_size, minimum=1)
         return self

@@ -8,8 +8,13 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 if [ ! -f "$STAMP" ]; then
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints-cpu.txt" -e "$ROOT[test,demo]"
+  echo "installing megatron_packing and its dependencies into $VENV (about 2 minutes, 1.4 GB)..."
+  if ! "$VENV/bin/python" -m pip install -c "$ROOT/constraints-cpu.txt" -e "$ROOT[test,demo]" \
+      > "$VENV/install.log" 2>&1; then
+    grep -v "WARNING: Location" "$VENV/install.log" | tail -n 40
+    echo "install failed; full log: $VENV/install.log" >&2
+    exit 1
+  fi
   rm -f "$VENV"/.installed-*
   touch "$STAMP"
 fi

@@ -1,0 +1,165 @@
+"""`build_sft_dataloader`: dataset + `PackingConfig` -> a resumable torchdata `StatefulDataLoader`.
+
+Packed mode (``use_sequence_packing: true``) plans steps with `DPAlignedPackingBatchSampler`
+(varying the batch size only when ``align_packing_bins_to_dp: true``), fetches each rank's own
+examples with the plan attached, and collates them into `PackedBatch` objects. The loader's
+``state_dict()`` holds the sampler's cursor and carry buffer, so a resume is exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from megatron_packing.base_order import make_base_order
+from megatron_packing.collate import PackedCollator
+from megatron_packing.config import PackingConfig
+from megatron_packing.fetch import PlannedDataset
+from megatron_packing.sampler import DPAlignedPackingBatchSampler
+
+
+def example_lengths(dataset: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths, loss-token counts) of every example: from the dataset's index when it has one.
+
+    The loss-token count is the number of positions t >= 1 whose mask is set, i.e. the targets a
+    next-token loss trains on. Datasets without an index are read once.
+    """
+    lengths = getattr(dataset, "lengths", None)
+    counts = getattr(dataset, "loss_token_counts", None)
+    if lengths is not None and counts is not None:
+        return np.asarray(lengths, dtype=np.int64), np.asarray(counts, dtype=np.int64)
+    lengths_list, counts_list = [], []
+    for i in range(len(dataset)):
+        example = dataset[i]
+        ids = example["input_ids"]
+        mask = example.get("loss_mask")
+        lengths_list.append(len(ids))
+        counts_list.append(len(ids) - 1 if mask is None else int(np.asarray(mask)[1:].sum()))
+    return np.asarray(lengths_list, dtype=np.int64), np.asarray(counts_list, dtype=np.int64)
+
+
+def truncated_loss_counts(dataset: Any, sampler: DPAlignedPackingBatchSampler,
+                          counts: np.ndarray) -> np.ndarray:
+    """Loss-token counts after the ``truncate`` oversize policy cut some examples short."""
+    cut = np.nonzero(sampler.effective_lengths < sampler.lengths)[0]
+    if cut.size == 0:
+        return counts
+    counts = counts.copy()
+    for index in cut:
+        keep = int(sampler.effective_lengths[index])
+        mask = dataset[int(index)].get("loss_mask")
+        counts[index] = keep - 1 if mask is None else int(np.asarray(mask)[1:keep].sum())
+    return counts
+
+
+def build_packing_sampler(
+    dataset: Any,
+    config: PackingConfig,
+    *,
+    dp_rank: int | None,
+    dp_size: int,
+    seed: int | None = None,
+    total_steps: int | None = None,
+    eval_mode: bool = False,
+    base_sampler: Any = None,
+) -> DPAlignedPackingBatchSampler:
+    """The packed-mode batch sampler for a dataset, as `build_sft_dataloader` makes it."""
+    lengths, counts = example_lengths(dataset)
+    if base_sampler is None:
+        kind = "sequential" if eval_mode else config.base_order
+        base_sampler = make_base_order(kind, len(lengths), config.seed if seed is None else seed)
+    sampler = DPAlignedPackingBatchSampler(
+        base_sampler,
+        lengths,
+        config.global_batch_size,
+        dp_size,
+        bin_capacity=config.bin_capacity,
+        allowed_variation=config.packing_batch_size_allowed_variation,
+        tp_size=config.tp_size,
+        cp_size=config.cp_size,
+        fp8_enabled=config.fp8_enabled,
+        fp8_recipe=config.fp8_recipe,
+        total_steps=total_steps,
+        dp_rank=dp_rank,
+        algorithm=config.packing_algorithm,
+        oversize_policy=config.oversize_policy,
+        loss_token_counts=counts,
+        rank_assignment=config.rank_assignment,
+        attention_cost_constant=config.attention_cost_constant,
+        align_to_dp=config.align_packing_bins_to_dp,
+        eval_mode=eval_mode,
+        lookahead=config.lookahead_steps > 1,
+        seed=config.seed if seed is None else seed,
+    )
+    if config.oversize_policy == "truncate":
+        sampler.loss_token_counts = truncated_loss_counts(dataset, sampler, counts)
+    return sampler
+
+
+def build_sft_dataloader(
+    dataset: Any,
+    config: PackingConfig,
+    *,
+    dp_rank: int,
+    dp_size: int,
+    seed: int | None = None,
+    total_steps: int | None = None,
+    num_workers: int = 0,
+    persistent_workers: bool = False,
+    prefetch_factor: int | None = None,
+    eval_mode: bool = False,
+    base_sampler: Any = None,
+    pin_memory: bool = False,
+    multiprocessing_context: Any = None,
+) -> StatefulDataLoader:
+    """A `StatefulDataLoader` yielding this rank's batches, one optimizer step per item.
+
+    Packed mode yields `PackedBatch` (one micro-batch per bin, equal counts on every rank).
+    Padded mode (``use_sequence_packing: false``) yields padded micro-batches filled up to
+    ``max_tokens_per_microbatch`` tokens, or of ``micro_batch_size`` examples when unset.
+    ``total_steps`` is the run's horizon: the last scheduled step repays the batch-size drift.
+    """
+    config.validate(dp_size)
+    if not 0 <= dp_rank < dp_size:
+        raise ValueError(f"dp_rank must be in [0, {dp_size}), got {dp_rank}")
+    if base_sampler is not None and not hasattr(base_sampler, "__len__"):
+        raise ValueError(
+            f"base_sampler {type(base_sampler).__name__} has no __len__: the packing sampler "
+            "needs the epoch length to plan steps and the epoch's last step"
+        )
+    if config.use_sequence_packing:
+        batch_sampler = build_packing_sampler(
+            dataset, config, dp_rank=dp_rank, dp_size=dp_size, seed=seed,
+            total_steps=total_steps, eval_mode=eval_mode, base_sampler=base_sampler,
+        )
+        fetch_dataset: Any = PlannedDataset(dataset)
+        collate_fn: Any = PackedCollator(
+            batch_sampler.alignment, config.bin_capacity,
+            pad_token_id=config.pad_token_id, pad_bins_to_capacity=config.pad_bins_to_capacity,
+        )
+    else:
+        from megatron_packing.padded_sampler import build_padded_components
+
+        batch_sampler, fetch_dataset, collate_fn = build_padded_components(
+            dataset, config, dp_rank=dp_rank, dp_size=dp_size,
+            seed=config.seed if seed is None else seed,
+        )
+        if fetch_dataset is None:
+            fetch_dataset = dataset
+    options: dict[str, Any] = {}
+    if num_workers > 0:
+        options["persistent_workers"] = persistent_workers
+        if prefetch_factor is not None:
+            options["prefetch_factor"] = prefetch_factor
+        if multiprocessing_context is not None:
+            options["multiprocessing_context"] = multiprocessing_context
+    return StatefulDataLoader(
+        fetch_dataset,
+        batch_sampler=batch_sampler,
+        collate_fn=collate_fn,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        **options,
+    )

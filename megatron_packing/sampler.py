@@ -1,0 +1,417 @@
+"""`DPAlignedPackingBatchSampler`: one packed, DP-aligned step at a time, resumable exactly.
+
+Each step takes the next contiguous run of the epoch's base order. Its size varies within
+``[B - v, B + v]`` (v = floor(B x variation)) so that its bin count divides by the data-parallel
+size; the running drift ``emitted - steps x B`` stays within +-v, the epoch's last step takes
+what remains, and the run's final scheduled step (``total_steps``) repays the drift exactly.
+
+Examples read ahead but not yet emitted wait in a carry buffer, which is part of the saved state.
+Every rank computes the same plan from the same lengths and seed; nothing is communicated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from megatron_packing.base_order import EpochOrder
+from megatron_packing.config import allowed_batch_variation, check_batch_window
+from megatron_packing.packing.alignment import make_alignment
+from megatron_packing.packing.balance import (
+    DEFAULT_ATTENTION_COST_CONSTANT,
+    assign_bins_to_ranks,
+    bin_costs,
+    imbalance,
+)
+from megatron_packing.packing.factory import make_seq_packer
+from megatron_packing.packing.step_sizing import StepContext, StepSizer
+
+STATE_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Everything every rank needs to know about one step; identical on all ranks."""
+
+    step: int  # global step index, 0-based
+    epoch: int
+    step_in_epoch: int
+    dp_size: int
+    bin_capacity: int
+    example_indices: tuple[int, ...]  # the global batch, in base order
+    bins: tuple[tuple[int, ...], ...]  # dataset indices per bin; () is a placeholder row
+    rank_bins: tuple[tuple[int, ...], ...]  # per rank, the ids of its bins
+    truncated: dict[int, int]  # dataset index -> tokens kept (oversize policy "truncate")
+    num_tokens: int  # real tokens in the global batch
+    num_loss_tokens: int | None  # tokens trained on (None when loss counts are unknown)
+    packed_bins: int  # bins the packer made before padding to a multiple of dp
+    padding_bins: int
+    placeholder_bins: int
+    aligned: bool
+    hopeless: bool
+    token_fill: float
+    dp_imbalance: float
+    plan_ms: float
+    drift: int  # emitted - steps x B within the epoch, after this step
+    is_eval: bool = False
+    packs: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_examples(self) -> int:
+        return len(self.example_indices)
+
+    @property
+    def num_bins(self) -> int:
+        return len(self.bins)
+
+    @property
+    def micro_batches_per_rank(self) -> int:
+        return len(self.bins) // self.dp_size
+
+    def bins_of_rank(self, rank: int) -> list[tuple[int, ...]]:
+        return [self.bins[b] for b in self.rank_bins[rank]]
+
+    def examples_of_rank(self, rank: int) -> list[int]:
+        return [index for b in self.rank_bins[rank] for index in self.bins[b]]
+
+
+class PlannedBatch(list):
+    """A step's example indices (one rank's, or the global batch) with the step's plan attached."""
+
+    def __init__(self, indices: Iterable[int], plan: StepPlan, dp_rank: int | None) -> None:
+        super().__init__(indices)
+        self.plan = plan
+        self.dp_rank = dp_rank
+
+    def __reduce__(self):  # keep the attributes across worker processes
+        return (PlannedBatch, (list(self), self.plan, self.dp_rank))
+
+
+class DPAlignedPackingBatchSampler:
+    """A stateful batch sampler that plans packed, DP-aligned steps (see the module docstring).
+
+    Args:
+        sampler: the base order (sequential, seeded random, or any sampler with ``len``).
+        lengths: token length of every example, indexed by dataset index.
+        batch_size: B, examples per step on average.
+        dp_size: data-parallel size.
+        bin_capacity: tokens per packed row.
+        allowed_variation: v = floor(B x allowed_variation), the batch-size window.
+        total_steps: the run's scheduled steps; the drift is repaid by the last one.
+        dp_rank: yield this rank's examples; None yields the global batch.
+        align_to_dp: False keeps every step at B and pads the bin count to a multiple of dp.
+        eval_mode: a fixed batch size, never varied, for evaluation.
+        loss_token_counts: per example tokens trained on, so the plan knows the loss divisor.
+        lookahead: judge each boundary by whether the next step can still align.
+        max_packs: packer runs allowed per step in the search (bounds the planning time);
+            None searches the whole window.
+        seed: seeds the epochs of a random base sampler that has no generator of its own.
+    """
+
+    def __init__(
+        self,
+        sampler: Iterable[int],
+        lengths: Sequence[int] | np.ndarray,
+        batch_size: int,
+        dp_size: int,
+        *,
+        bin_capacity: int,
+        allowed_variation: float = 0.05,
+        tp_size: int = 1,
+        cp_size: int = 1,
+        fp8_enabled: bool = False,
+        fp8_recipe: str | None = None,
+        total_steps: int | None = None,
+        dp_rank: int | None = None,
+        algorithm: str = "mffd",
+        oversize_policy: str = "error",
+        loss_token_counts: Sequence[int] | np.ndarray | None = None,
+        rank_assignment: str = "karmarkar_karp",
+        attention_cost_constant: float = DEFAULT_ATTENTION_COST_CONSTANT,
+        align_to_dp: bool = True,
+        eval_mode: bool = False,
+        lookahead: bool = True,
+        max_packs: int | None = 8,
+        seed: int = 0,
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        if isinstance(dp_size, bool) or not isinstance(dp_size, int) or dp_size < 1:
+            raise ValueError(f"dp_size must be an integer >= 1, got {dp_size!r}")
+        if dp_rank is not None and not 0 <= dp_rank < dp_size:
+            raise ValueError(f"dp_rank must be in [0, {dp_size}), got {dp_rank!r}")
+        if total_steps is not None and (not isinstance(total_steps, int) or total_steps < 1):
+            raise ValueError(f"total_steps must be a positive integer or None, got {total_steps!r}")
+        self.order = EpochOrder(sampler, seed=seed)
+        self.lengths = _as_lengths(lengths)
+        if len(self.order) > len(self.lengths):
+            raise ValueError(
+                f"the base sampler covers {len(self.order)} examples but only "
+                f"{len(self.lengths)} lengths were given"
+            )
+        self.batch_size = batch_size
+        self.dp_size = dp_size
+        self.dp_rank = dp_rank
+        self.bin_capacity = int(bin_capacity)
+        self.total_steps = total_steps
+        self.eval_mode = eval_mode
+        self.align_to_dp = align_to_dp and not eval_mode
+        self.variation_fraction = float(allowed_variation)
+        if self.align_to_dp:
+            # B - v >= dp is a config rule (every rank gets real work); the sampler itself also
+            # serves smaller batches, giving ranks placeholder rows.
+            self.variation = check_batch_window(batch_size, allowed_variation, None)
+        else:
+            self.variation = 0
+        self.alignment = make_alignment(tp_size, cp_size, fp8_enabled, fp8_recipe)
+        self.packer = make_seq_packer(
+            algorithm, bin_capacity=self.bin_capacity, alignment=self.alignment,
+            oversize_policy=oversize_policy,
+        )
+        self.effective_lengths = np.asarray(self.packer.effective_lengths(self.lengths), dtype=np.int64)
+        self.aligned_lengths = self.alignment.aligned_lengths(self.effective_lengths)
+        if loss_token_counts is not None:
+            counts = np.asarray(loss_token_counts, dtype=np.int64)
+            if counts.shape != self.lengths.shape:
+                raise ValueError(
+                    f"loss_token_counts has {counts.shape[0] if counts.ndim else 0} entries, "
+                    f"lengths has {len(self.lengths)}"
+                )
+            self.loss_token_counts: np.ndarray | None = counts
+        else:
+            self.loss_token_counts = None
+        self.rank_assignment = rank_assignment
+        self.attention_cost_constant = float(attention_cost_constant)
+        self.sizer = StepSizer(self.packer, dp_size, max_packs=max_packs, lookahead=lookahead)
+        self.lookahead = lookahead
+        self._fingerprint = self._make_fingerprint(algorithm, oversize_policy, tp_size, cp_size,
+                                                   fp8_enabled, fp8_recipe, max_packs)
+        # stream state
+        self._carry: list[int] = []
+        self._step = 0
+        self._step_in_epoch = 0
+        self._drift = 0
+        self._warned_hopeless = False
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def num_examples(self) -> int:
+        return len(self.order)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return max(1, math.ceil(self.num_examples / self.batch_size)) if self.num_examples else 0
+
+    @property
+    def epoch(self) -> int:
+        return self.order.epoch
+
+    @property
+    def step(self) -> int:
+        """Steps emitted since the start of the run."""
+        return self._step
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+
+    # ------------------------------------------------------------------ epochs
+    def _epoch_complete(self) -> bool:
+        return self._step_in_epoch >= self.steps_per_epoch
+
+    def _start_epoch(self, epoch: int) -> None:
+        self.order.start_epoch(epoch)
+        self._carry = []
+        self._step_in_epoch = 0
+        self._drift = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch, as with DistributedSampler. Only allowed between epochs."""
+        epoch = int(epoch)
+        if epoch == self.epoch:
+            return
+        if self._step_in_epoch not in (0, self.steps_per_epoch):
+            raise ValueError(
+                f"set_epoch({epoch}) in the middle of epoch {self.epoch} (step "
+                f"{self._step_in_epoch} of {self.steps_per_epoch}); call it between epochs"
+            )
+        self._start_epoch(epoch)
+
+    # ------------------------------------------------------------------ iteration
+    def __iter__(self) -> Iterator[PlannedBatch]:
+        if self._epoch_complete():
+            self._start_epoch(self.epoch + 1)
+        while not self._epoch_complete():
+            if self.total_steps is not None and self._step >= self.total_steps and not self.eval_mode:
+                return
+            plan = self._plan_step()
+            if self.dp_rank is None:
+                yield PlannedBatch(plan.example_indices, plan, None)
+            else:
+                yield PlannedBatch(plan.examples_of_rank(self.dp_rank), plan, self.dp_rank)
+
+    def _context(self) -> StepContext:
+        steps_left_in_run = None
+        if self.total_steps is not None and not self.eval_mode:
+            steps_left_in_run = self.total_steps - self._step
+        return StepContext(
+            batch_size=self.batch_size,
+            variation=self.variation,
+            drift=self._drift,
+            remaining=self.order.remaining + len(self._carry),
+            steps_left_in_epoch=self.steps_per_epoch - self._step_in_epoch,
+            steps_left_in_run=steps_left_in_run,
+        )
+
+    def _plan_step(self) -> StepPlan:
+        started = time.perf_counter()
+        context = self._context()
+        need = context.lookahead_need() if self.lookahead else context.window()[1]
+        if len(self._carry) < need:
+            self._carry.extend(self.order.take(need - len(self._carry)))
+        ahead = np.asarray(self._carry[:need], dtype=np.int64)
+        if ahead.size and (ahead.min() < 0 or ahead.max() >= len(self.lengths)):
+            bad = int(ahead[(ahead < 0) | (ahead >= len(self.lengths))][0])
+            raise IndexError(f"the base sampler yielded index {bad}, outside [0, {len(self.lengths)})")
+        decision = self.sizer.decide(self.effective_lengths[ahead], self.aligned_lengths[ahead], context)
+        if decision.hopeless and not self._warned_hopeless:
+            self._warned_hopeless = True
+            warnings.warn(
+                f"a step of about {self.batch_size} examples packs into fewer bins than the "
+                f"data-parallel size {self.dp_size} at capacity {self.bin_capacity}: alignment "
+                "cannot succeed, so the search is skipped and such steps are padded (reported as "
+                "train/padding_bins)",
+                stacklevel=3,
+            )
+        size = decision.size
+        taken = ahead[:size]
+        step_lengths = self.effective_lengths[taken]
+        costs = bin_costs(decision.bins, step_lengths, self.attention_cost_constant)
+        assignment = assign_bins_to_ranks(costs, self.dp_size, method=self.rank_assignment)
+        bins = tuple(tuple(int(taken[p]) for p in b) for b in decision.bins)
+        truncated = {
+            int(i): int(self.effective_lengths[i])
+            for i in taken[step_lengths < self.lengths[taken]]
+        }
+        num_tokens = int(step_lengths.sum())
+        num_loss = None if self.loss_token_counts is None else int(self.loss_token_counts[taken].sum())
+
+        self._carry = self._carry[size:]
+        self._drift += size - self.batch_size
+        plan = StepPlan(
+            step=self._step,
+            epoch=self.epoch,
+            step_in_epoch=self._step_in_epoch,
+            dp_size=self.dp_size,
+            bin_capacity=self.bin_capacity,
+            example_indices=tuple(int(i) for i in taken),
+            bins=bins,
+            rank_bins=tuple(tuple(int(b) for b in rank) for rank in assignment),
+            truncated=truncated,
+            num_tokens=num_tokens,
+            num_loss_tokens=num_loss,
+            packed_bins=decision.packed_bins,
+            padding_bins=decision.padding_bins,
+            placeholder_bins=decision.placeholder_bins,
+            aligned=decision.aligned,
+            hopeless=decision.hopeless,
+            token_fill=num_tokens / (len(bins) * self.bin_capacity) if bins else 0.0,
+            dp_imbalance=float(imbalance(costs, assignment)),
+            plan_ms=0.0,
+            drift=self._drift,
+            is_eval=self.eval_mode,
+            packs=decision.packs,
+        )
+        self._step += 1
+        self._step_in_epoch += 1
+        if self._epoch_complete():
+            self._drift = 0
+        object.__setattr__(plan, "plan_ms", (time.perf_counter() - started) * 1e3)
+        return plan
+
+    # ------------------------------------------------------------------ state
+    def _make_fingerprint(self, algorithm: str, oversize_policy: str, tp: int, cp: int,
+                          fp8: bool, recipe: str | None, max_packs: int) -> dict[str, Any]:
+        digest = hashlib.sha256(np.ascontiguousarray(self.lengths, dtype=np.int64).tobytes()).hexdigest()
+        return {
+            "lengths_sha256": digest[:24],
+            "num_examples": self.num_examples,
+            "batch_size": self.batch_size,
+            "allowed_variation": self.variation,
+            "dp_size": self.dp_size,
+            "bin_capacity": self.bin_capacity,
+            "alignment": [self.alignment.seq_multiple, self.alignment.bin_multiple],
+            "tp_cp_fp8": [tp, cp, bool(fp8), recipe],
+            "algorithm": str(getattr(algorithm, "value", algorithm)),
+            "oversize_policy": str(getattr(oversize_policy, "value", oversize_policy)),
+            "align_to_dp": self.align_to_dp,
+            "eval_mode": self.eval_mode,
+            "lookahead": self.lookahead,
+            "max_packs": max_packs,
+            "base_sampler": type(self.order.sampler).__name__,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """A fresh copy of the stream position: safe to hold while iteration continues."""
+        return {
+            "version": STATE_FORMAT_VERSION,
+            "fingerprint": dict(self._fingerprint),
+            "order": self.order.state_dict(),
+            "carry": list(self._carry),
+            "step": self._step,
+            "step_in_epoch": self._step_in_epoch,
+            "drift": self._drift,
+            "warned_hopeless": self._warned_hopeless,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        version = state.get("version")
+        if version != STATE_FORMAT_VERSION:
+            raise ValueError(
+                f"sampler state has format version {version!r}; this build reads version "
+                f"{STATE_FORMAT_VERSION}"
+            )
+        saved = state["fingerprint"]
+        differing = [
+            f"{key}: saved {saved.get(key)!r}, now {value!r}"
+            for key, value in self._fingerprint.items()
+            if saved.get(key) != value
+        ]
+        if differing:
+            raise ValueError(
+                "the saved sampler state does not match this dataset/config: "
+                + "; ".join(differing)
+            )
+        self.order.load_state_dict(state["order"])
+        self._carry = [int(i) for i in state["carry"]]
+        self._step = int(state["step"])
+        self._step_in_epoch = int(state["step_in_epoch"])
+        self._drift = int(state["drift"])
+        self._warned_hopeless = bool(state.get("warned_hopeless", False))
+
+
+def _as_lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
+    array = np.asarray(lengths)
+    if array.ndim != 1:
+        raise ValueError(f"lengths must be 1-D, got shape {array.shape}")
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"lengths must be integers, got dtype {array.dtype}")
+    if array.size and array.min() <= 0:
+        position = int(np.argmin(array))
+        raise ValueError(f"lengths must be positive: example {position} has length {int(array[position])}")
+    return array.astype(np.int64, copy=False)
+
+
+__all__ = [
+    "DPAlignedPackingBatchSampler",
+    "PlannedBatch",
+    "StepPlan",
+    "allowed_batch_variation",
+]
