@@ -96,6 +96,12 @@ class PackedCollator:
         self.bin_capacity = int(bin_capacity)
         self.pad_token_id = int(pad_token_id)
         self.pad_bins_to_capacity = pad_bins_to_capacity
+        if pad_bins_to_capacity and self.bin_capacity % alignment.bin_multiple:
+            # A row of C tokens must still divide by the per-bin multiple (TP/CP/FP8 shapes).
+            raise ValueError(
+                f"pad_bins_to_capacity needs bin_capacity={self.bin_capacity} to be a multiple "
+                f"of the per-bin multiple {alignment.bin_multiple}"
+            )
 
     def __call__(self, fetched: Any) -> PackedBatch:
         plan = getattr(fetched, "plan", None)

@@ -143,6 +143,14 @@ class PackingConfig:
                 f"{bin_multiple} (tp={self.tp_size}, cp={self.cp_size}, fp8={self.fp8_enabled}, "
                 f"recipe={self.fp8_recipe}); use a multiple of {bin_multiple}"
             )
+        if (self.use_sequence_packing and self.pad_bins_to_capacity
+                and self.bin_capacity % bin_multiple):
+            raise ConfigError(
+                f"pad_bins_to_capacity: true pads every row to bin_capacity={self.bin_capacity} "
+                f"tokens, which must divide by the per-bin alignment multiple {bin_multiple} "
+                f"(tp={self.tp_size}, cp={self.cp_size}, fp8={self.fp8_enabled}); use a multiple "
+                f"of {bin_multiple}, e.g. {self.bin_capacity - self.bin_capacity % bin_multiple}"
+            )
 
         if self.align_packing_bins_to_dp:
             if not self.use_sequence_packing:

@@ -19,6 +19,26 @@ from megatron_packing.config import PackingConfig
 from megatron_packing.fetch import PlannedDataset
 from megatron_packing.sampler import DPAlignedPackingBatchSampler
 
+# The key torchdata's loader state uses for "this epoch's iterator was exhausted".
+_ITERATOR_FINISHED = "_iterator_finished"
+
+
+class PackingDataLoader(StatefulDataLoader):
+    """A `StatefulDataLoader` whose resume from an epoch's end starts the next epoch exactly.
+
+    Our batch samplers keep their cursor in the sampler itself, and iterating one whose epoch is
+    complete starts the next epoch. A state saved after an epoch's iterator was exhausted is
+    marked finished; torchdata then restores it into an iterator (whose worker prefetch already
+    reads the next epoch's first steps from the shared sampler), discards that iterator and
+    makes another, losing those steps. Loading such a state as not finished lets the restored
+    iterator run on into the next epoch, as an uninterrupted loader's next ``iter()`` does.
+    """
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict.get(_ITERATOR_FINISHED):
+            state_dict = {**state_dict, _ITERATOR_FINISHED: False}
+        super().load_state_dict(state_dict)
+
 
 def example_lengths(dataset: Any) -> tuple[np.ndarray, np.ndarray]:
     """(lengths, loss-token counts) of every example: from the dataset's index when it has one.
@@ -155,7 +175,7 @@ def build_sft_dataloader(
             options["prefetch_factor"] = prefetch_factor
         if multiprocessing_context is not None:
             options["multiprocessing_context"] = multiprocessing_context
-    return StatefulDataLoader(
+    return PackingDataLoader(
         fetch_dataset,
         batch_sampler=batch_sampler,
         collate_fn=collate_fn,
