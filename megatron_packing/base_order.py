@@ -17,6 +17,7 @@ The epoch is explicit state: creating an extra iterator never moves it.
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
@@ -91,16 +92,14 @@ class EpochOrder:
         if count <= 0:
             return []
         iterator = self._ensure_iterator()
-        out: list[int] = []
-        for _ in range(min(count, self.remaining)):
-            try:
-                out.append(int(next(iterator)))
-            except StopIteration:
-                raise RuntimeError(
-                    f"the base sampler {type(self.sampler).__name__} yielded {self.consumed} "
-                    f"examples in epoch {self.epoch} but reports len() = {len(self)}"
-                ) from None
-            self.consumed += 1
+        wanted = min(count, self.remaining)
+        out = [int(i) for i in itertools.islice(iterator, wanted)]
+        self.consumed += len(out)
+        if len(out) < wanted:
+            raise RuntimeError(
+                f"the base sampler {type(self.sampler).__name__} yielded {self.consumed} "
+                f"examples in epoch {self.epoch} but reports len() = {len(self)}"
+            )
         return out
 
     def start_epoch(self, epoch: int) -> None:

@@ -87,7 +87,7 @@ class PackingConfig:
     """k in the per-sequence cost s + s^2/k used to balance ranks (about 6 x hidden size)."""
     pad_bins_to_capacity: bool = False
     """Pad every packed row to exactly bin_capacity tokens (static shapes, pipeline parallel)."""
-    lookahead_steps: int = 2
+    lookahead_steps: int = 3
     """Steps planned jointly when choosing a boundary (1 = greedy)."""
     pad_token_id: int = 0
 

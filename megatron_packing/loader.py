@@ -110,7 +110,7 @@ def build_packing_sampler(
         attention_cost_constant=config.attention_cost_constant,
         align_to_dp=config.align_packing_bins_to_dp,
         eval_mode=eval_mode,
-        lookahead=config.lookahead_steps > 1,
+        lookahead_steps=config.lookahead_steps,
         seed=config.seed if seed is None else seed,
     )
     if config.oversize_policy == "truncate":

@@ -110,7 +110,8 @@ class DPAlignedPackingBatchSampler:
         align_to_dp: False keeps every step at B and pads the bin count to a multiple of dp.
         eval_mode: a fixed batch size, never varied, for evaluation.
         loss_token_counts: per example tokens trained on, so the plan knows the loss divisor.
-        lookahead: judge each boundary by whether the next step can still align.
+        lookahead_steps: steps planned together: among sizes that align this step, prefer
+            those after which most of the next steps can align (1 = greedy).
         max_packs: packer runs allowed per step in the search (bounds the planning time);
             None searches the whole window.
         seed: seeds the epochs of a random base sampler that has no generator of its own.
@@ -138,7 +139,7 @@ class DPAlignedPackingBatchSampler:
         attention_cost_constant: float = DEFAULT_ATTENTION_COST_CONSTANT,
         align_to_dp: bool = True,
         eval_mode: bool = False,
-        lookahead: bool = True,
+        lookahead_steps: int = 3,
         max_packs: int | None = 8,
         seed: int = 0,
     ) -> None:
@@ -190,8 +191,10 @@ class DPAlignedPackingBatchSampler:
             self.loss_token_counts = None
         self.rank_assignment = rank_assignment
         self.attention_cost_constant = float(attention_cost_constant)
-        self.sizer = StepSizer(self.packer, dp_size, max_packs=max_packs, lookahead=lookahead)
-        self.lookahead = lookahead
+        if isinstance(lookahead_steps, bool) or not isinstance(lookahead_steps, int) or lookahead_steps < 1:
+            raise ValueError(f"lookahead_steps must be an integer >= 1, got {lookahead_steps!r}")
+        self.sizer = StepSizer(self.packer, dp_size, max_packs=max_packs, horizon=lookahead_steps)
+        self.lookahead_steps = lookahead_steps
         self._fingerprint = self._make_fingerprint(algorithm, oversize_policy, tp_size, cp_size,
                                                    fp8_enabled, fp8_recipe, max_packs)
         # stream state
@@ -273,7 +276,7 @@ class DPAlignedPackingBatchSampler:
     def _plan_step(self) -> StepPlan:
         started = time.perf_counter()
         context = self._context()
-        need = context.lookahead_need() if self.lookahead else context.window()[1]
+        need = context.lookahead_need(self.lookahead_steps)
         if len(self._carry) < need:
             self._carry.extend(self.order.take(need - len(self._carry)))
         ahead = np.asarray(self._carry[:need], dtype=np.int64)
@@ -295,7 +298,8 @@ class DPAlignedPackingBatchSampler:
         step_lengths = self.effective_lengths[taken]
         costs = bin_costs(decision.bins, step_lengths, self.attention_cost_constant)
         assignment = assign_bins_to_ranks(costs, self.dp_size, method=self.rank_assignment)
-        bins = tuple(tuple(int(taken[p]) for p in b) for b in decision.bins)
+        taken_list = taken.tolist()
+        bins = tuple(tuple(taken_list[p] for p in b) for b in decision.bins)
         truncated = {
             int(i): int(self.effective_lengths[i])
             for i in taken[step_lengths < self.lengths[taken]]
@@ -311,9 +315,9 @@ class DPAlignedPackingBatchSampler:
             step_in_epoch=self._step_in_epoch,
             dp_size=self.dp_size,
             bin_capacity=self.bin_capacity,
-            example_indices=tuple(int(i) for i in taken),
+            example_indices=tuple(taken_list),
             bins=bins,
-            rank_bins=tuple(tuple(int(b) for b in rank) for rank in assignment),
+            rank_bins=tuple(tuple(int(b) for b in rank) for rank in assignment),  # few: cheap
             truncated=truncated,
             num_tokens=num_tokens,
             num_loss_tokens=num_loss,
@@ -353,7 +357,7 @@ class DPAlignedPackingBatchSampler:
             "oversize_policy": str(getattr(oversize_policy, "value", oversize_policy)),
             "align_to_dp": self.align_to_dp,
             "eval_mode": self.eval_mode,
-            "lookahead": self.lookahead,
+            "lookahead_steps": self.lookahead_steps,
             "max_packs": max_packs,
             "base_sampler": type(self.order.sampler).__name__,
         }

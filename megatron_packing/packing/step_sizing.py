@@ -5,13 +5,20 @@ from the nominal batch size B by at most v examples, and the running drift
 ``emitted - steps x B`` (counted within the epoch) stays within +-v. Inside that window we look
 for a size whose packed bin count is a multiple of dp, so that no rank idles.
 
-The search is cheap because most sizes can be ruled out without packing: the bin count of a
-prefix is never below ``ceil(tokens / capacity)`` and, with the packers here, rarely more than
-one bin above it. Only sizes whose bound admits a multiple of dp are packed, nearest the target
-first, and at most ``max_packs`` of them. A size is also judged by the step after it: we prefer
-a boundary that leaves the next step a window in which alignment is still possible (two-step
-lookahead). When no size aligns, the step takes the size with the fewest padding bins, and the
-missing bins are made by splitting the heaviest bins, so every rank still gets real work.
+The search is cheap because most sizes can be ruled out without packing. A prefix's bin count
+is never below a lower bound computed in O(1) from prefix sums (tokens over capacity, and
+counts of examples too large to share a bin), and the packers here almost always reach it. The
+sizes are packed in this order, at most ``max_packs`` of them, and the first that really aligns
+is taken:
+
+1. sizes whose bound is a multiple of dp, then sizes one bin above one;
+2. within each group, the sizes after which most of the next ``horizon - 1`` steps can still
+   align, judged by a backward pass over (step, boundary offset) with the same bound;
+3. then nearest the target: target, target+1, target-1, ...
+
+A step that can align always does; planning ahead only chooses among such sizes. When no size
+aligns, the step takes the size with the fewest padding bins, and the missing bins are made by
+splitting the heaviest bins, so every rank still gets real work.
 
 Pure numpy: no torch, no ranks, no files.
 """
@@ -79,12 +86,13 @@ class StepContext:
             steps_left_in_run=steps_left_in_run,
         )
 
-    def lookahead_need(self) -> int:
-        """Examples to read ahead so that this step and the next can both be judged."""
+    def lookahead_need(self, steps: int = 2) -> int:
+        """Examples to read ahead so that this step and the ``steps - 1`` after it can be judged."""
         _, highest, _ = self.window()
-        after = self.after(highest)
-        extra = 0 if after is None else after.window()[1]
-        return min(self.remaining, highest + extra)
+        if steps <= 1 or self.after(highest) is None:
+            return min(self.remaining, highest)
+        # Any later step's window ends at most B + v past the previous boundary.
+        return min(self.remaining, highest + (steps - 1) * (self.batch_size + self.variation))
 
 
 @dataclass
@@ -116,29 +124,26 @@ class StepSizer:
         dp_size: int,
         *,
         max_packs: int | None = 8,
-        lookahead: bool = True,
         bound_slack: int = 1,
+        horizon: int = 3,
     ) -> None:
         if dp_size < 1:
             raise ValueError(f"dp_size must be >= 1, got {dp_size}")
         self.packer = packer
         self.dp_size = int(dp_size)
         self.max_packs = None if max_packs is None else int(max_packs)
-        self.lookahead = lookahead
         self.bound_slack = int(bound_slack)
+        self.horizon = max(1, int(horizon))
         self.capacity = packer.usable_capacity
 
     # ------------------------------------------------------------------ bounds
     def lower_bounds(self, aligned: np.ndarray) -> np.ndarray:
-        """lb[k] = fewest bins any packer needs for the first k examples (lb[0] = 0)."""
-        oversize = aligned > self.capacity
-        fitting = np.where(oversize, 0, aligned)
-        tokens = np.concatenate(([0], np.cumsum(fitting, dtype=np.int64)))
-        own = np.concatenate(([0], np.cumsum(oversize, dtype=np.int64)))
-        return -(-tokens // self.capacity) + own
+        """lb[k] = a lower bound on the bins of the first k examples (lb[0] = 0)."""
+        ends = np.arange(len(aligned) + 1)
+        return self._segment_estimator(aligned)(np.zeros_like(ends), ends)
 
     def _promising(self, bound: int) -> bool:
-        """Could a packing of this bound's prefix reach a multiple of dp?"""
+        """Could this prefix pack into a multiple of dp? (Its count is rarely above bound + slack.)"""
         dp = self.dp_size
         first_multiple = max(dp, -(-bound // dp) * dp)
         return first_multiple <= bound + self.bound_slack
@@ -175,25 +180,107 @@ class StepSizer:
         placeholders = target - len(spread)
         return spread + [[] for _ in range(placeholders)], placeholders
 
-    def _next_step_ok(
-        self, lengths: np.ndarray, aligned: np.ndarray, size: int, context: StepContext
-    ) -> bool:
-        """Can the step after a boundary at ``size`` still align?"""
-        after = context.after(size)
-        if after is None:
-            return True
-        lowest, highest, target = after.window()
-        rest_lengths = lengths[size:]
-        if highest > len(rest_lengths):  # not enough read ahead to judge: do not penalise
-            return True
-        if after.kind != STEP_NORMAL:
-            bound = int(self.lower_bounds(aligned[size : size + target])[-1])
-            if not self._promising(bound):
-                return False
-            _, ok = self._evaluate(rest_lengths[:target], bound)
-            return ok
-        bounds = self.lower_bounds(aligned[size : size + highest])
-        return any(self._promising(int(bounds[k])) for k in range(lowest, highest + 1))
+    # ------------------------------------------------------------------ planning ahead
+    def _segment_estimator(self, aligned: np.ndarray):
+        """A function (starts, ends) -> lower bounds on the bins of stream segments, O(1) each.
+
+        The largest of: tokens over the capacity; one bin per example above half the capacity
+        plus the bins the rest need beyond the room those leave; and, for t = 2 and 3, the examples
+        above C / (t + 1) over t (no bin holds more than t of them). The packers here reach this
+        bound on almost every real step, so it doubles as the estimate used to plan ahead.
+        """
+        capacity = self.capacity
+        oversize = aligned > capacity
+        zero = np.zeros(1, dtype=np.int64)
+
+        def prefix(values: np.ndarray) -> np.ndarray:
+            return np.concatenate((zero, np.cumsum(values, dtype=np.int64)))
+
+        large = (aligned > capacity // 2) & ~oversize
+        tokens = prefix(np.where(oversize, 0, aligned))
+        own = prefix(oversize)
+        large_count = prefix(large)
+        large_tokens = prefix(np.where(large, aligned, 0))
+        above = {t: prefix((aligned * (t + 1) > capacity) & ~oversize) for t in (2, 3)}
+
+        def estimate(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+            t = tokens[ends] - tokens[starts]
+            lc = large_count[ends] - large_count[starts]
+            lt = large_tokens[ends] - large_tokens[starts]
+            bound = np.maximum(-(-t // capacity),
+                               lc + -(-np.maximum(t - lt - (lc * capacity - lt), 0) // capacity))
+            for per_bin, counts in above.items():
+                bound = np.maximum(bound, -(-(counts[ends] - counts[starts]) // per_bin))
+            return bound + own[ends] - own[starts]
+
+        return estimate
+
+    def _future_alignment(self, aligned: np.ndarray, context: StepContext,
+                          sizes: list[int]) -> dict[int, tuple[bool, int]]:
+        """For each candidate size: (does this step align, how many later steps can align).
+
+        Boundary j of the next few steps may sit anywhere within +-v of its nominal place
+        j x B, consecutive boundaries within v of each other (the step-size window). A backward
+        pass over (step, offset) with estimated bin counts gives, for each boundary, the most
+        steps after it that can align. Only the examples read ahead are considered.
+        """
+        batch, v, dp = context.batch_size, context.variation, self.dp_size
+        estimate = self._segment_estimator(aligned)
+        available = len(aligned)
+        # Boundary positions of later steps, layer by layer (relative to the current position).
+        layers: list[tuple[np.ndarray, np.ndarray, bool]] = []  # (offsets, positions, is_tail)
+        step_context = context.after(sizes[0]) if sizes else None
+        for layer in range(2, self.horizon + 1):
+            if step_context is None:
+                break
+            kind = step_context.kind
+            if kind == STEP_EPOCH_TAIL:
+                offsets = np.zeros(1, dtype=np.int64)
+                positions = np.array([context.remaining], dtype=np.int64)
+            else:
+                offsets = (np.arange(-v, v + 1, dtype=np.int64) if kind == STEP_NORMAL
+                           else np.zeros(1, dtype=np.int64))
+                positions = layer * batch - context.drift + offsets
+                keep = positions <= context.remaining - (step_context.steps_left_in_epoch - 1)
+                offsets, positions = offsets[keep], positions[keep]
+            keep = positions <= available
+            offsets, positions = offsets[keep], positions[keep]
+            if positions.size == 0:
+                break
+            layers.append((offsets, positions, kind == STEP_EPOCH_TAIL))
+            step_context = replace(step_context, drift=0).after(batch)
+        # Backward: best[i] = most aligned steps from boundary i of a layer to the horizon.
+        best = None
+        for index in range(len(layers) - 1, -1, -1):
+            offsets, positions, _ = layers[index]
+            if best is None:
+                best = np.zeros(positions.size, dtype=np.int64)
+                continue
+            next_offsets, next_positions, next_tail = layers[index + 1]
+            steps = next_positions[None, :] - positions[:, None]
+            valid = steps >= 1
+            if not next_tail:
+                valid &= np.abs(next_offsets[None, :] - offsets[:, None]) <= v
+            counts = estimate(np.broadcast_to(positions[:, None], steps.shape),
+                              np.broadcast_to(next_positions[None, :], steps.shape))
+            gain = ((counts % dp == 0) & (counts >= dp)).astype(np.int64) + best[None, :]
+            best = np.where(valid, gain, -1).max(axis=1)
+        chosen = np.asarray(sizes, dtype=np.int64)
+        here = estimate(np.zeros_like(chosen), chosen)
+        aligns_here = (here % dp == 0) & (here >= dp)
+        future = np.zeros(chosen.size, dtype=np.int64)
+        if layers:
+            offsets, positions, tail = layers[0]
+            first_offsets = context.drift + chosen - batch
+            steps = positions[None, :] - chosen[:, None]
+            valid = steps >= 1
+            if not tail:
+                valid &= np.abs(offsets[None, :] - first_offsets[:, None]) <= v
+            counts = estimate(np.broadcast_to(chosen[:, None], steps.shape),
+                              np.broadcast_to(positions[None, :], steps.shape))
+            gain = ((counts % dp == 0) & (counts >= dp)).astype(np.int64) + best[None, :]
+            future = np.maximum(np.where(valid, gain, -1).max(axis=1), 0)
+        return {int(k): (bool(a), int(f)) for k, a, f in zip(chosen, aligns_here, future, strict=True)}
 
     # ------------------------------------------------------------------ decision
     def decide(
@@ -222,34 +309,21 @@ class StepSizer:
                 decision.hopeless = True
                 return decision
 
-        fallback_aligned: tuple[int, list[list[int]]] | None = None
         misaligned: list[tuple[int, int, int, list[list[int]]]] = []  # (padding, distance, k, bins)
-        sizes = list(_outward(target, lowest, highest))
-        promising = [k for k in sizes if self._promising(int(bounds[k]))]
-        # Sizes whose bound rules alignment out come last: only an unlimited budget reaches them.
-        unlikely = [k for k in sizes if not self._promising(int(bounds[k]))]
-        for size in promising + unlikely:
+        # Sizes whose bound admits a multiple of dp first, best for the steps after them first;
+        # then the rest, if the budget allows. The first size that really aligns is taken.
+        for size in self._search_order(list(_outward(target, lowest, highest)), bounds, aligned,
+                                       context):
             if self.max_packs is not None and packs >= self.max_packs:
-                break
-            if fallback_aligned is not None and size in unlikely:
                 break
             bins, ok = self._evaluate(lengths[:size], int(bounds[size]))
             packs += 1
             tried.append(size)
             if ok:
-                if not self.lookahead or self._next_step_ok(lengths, aligned, size, context):
-                    return self._finish(lengths[:size], bins, True, packs, tried)
-                if fallback_aligned is None:
-                    fallback_aligned = (size, bins)
-            else:
-                padding = max(self.dp_size, -(-len(bins) // self.dp_size) * self.dp_size) - len(
-                    bins
-                )
-                misaligned.append((padding, abs(size - target), size, bins))
+                return self._finish(lengths[:size], bins, True, packs, tried)
+            padding = max(self.dp_size, -(-len(bins) // self.dp_size) * self.dp_size) - len(bins)
+            misaligned.append((padding, abs(size - target), size, bins))
 
-        if fallback_aligned is not None:
-            size, bins = fallback_aligned
-            return self._finish(lengths[:size], bins, True, packs, tried)
         if not any(k == target for _, _, k, _ in misaligned):
             bins = self.packer.pack(lengths[:target])
             packs += 1
@@ -258,6 +332,31 @@ class StepSizer:
             misaligned.append((padding, 0, target, bins))
         _, _, size, bins = min(misaligned, key=lambda entry: (entry[0], entry[1], entry[2]))
         return self._finish(lengths[:size], bins, False, packs, tried)
+
+    def _search_order(self, sizes: list[int], bounds: np.ndarray, aligned: np.ndarray,
+                      context: StepContext) -> list[int]:
+        """The order in which to pack the window's sizes (given nearest the target first).
+
+        Sizes whose bound is itself a multiple of dp come first (the packers here usually reach
+        the bound), then those a bin above one; among each, the sizes after which most of the
+        next few steps can align; then the rest, which only an unlimited budget reaches.
+        """
+        dp = self.dp_size
+
+        def tier(k: int) -> int:
+            bound = int(bounds[k])
+            if bound % dp == 0 and bound >= dp:
+                return 0
+            return 1 if self._promising(bound) else 2
+
+        tiers = {k: tier(k) for k in sizes}
+        future: dict[int, tuple[bool, int]] = {}
+        if self.horizon > 1:
+            candidates = [k for k in sizes if tiers[k] < 2]
+            if len(candidates) > 1:
+                future = self._future_alignment(aligned, context, candidates)
+        position = {k: i for i, k in enumerate(sizes)}
+        return sorted(sizes, key=lambda k: (tiers[k], -future.get(k, (False, 0))[1], position[k]))
 
     def _finish(
         self,
