@@ -107,8 +107,8 @@ def assign_bins_to_ranks(
     if np.any(~np.isfinite(c)) or np.any(c < 0):
         raise ValueError("costs must be finite and non-negative")
     rr = _round_robin(c, dp_size)
-    if method == "round_robin" or len(c) == 0:
-        return rr
+    if method == "round_robin" or len(c) <= dp_size:
+        return rr  # one bin per rank: every assignment has the same cost
     kk = _karmarkar_karp(c, dp_size)
     if _max_rank_cost(c, kk) > _max_rank_cost(c, rr):
         kk = rr

@@ -215,7 +215,7 @@ class StepSizer:
 
         return estimate
 
-    def _future_alignment(self, aligned: np.ndarray, context: StepContext,
+    def _future_alignment(self, estimate, available: int, context: StepContext,
                           sizes: list[int]) -> dict[int, tuple[bool, int]]:
         """For each candidate size: (does this step align, how many later steps can align).
 
@@ -225,8 +225,6 @@ class StepSizer:
         steps after it that can align. Only the examples read ahead are considered.
         """
         batch, v, dp = context.batch_size, context.variation, self.dp_size
-        estimate = self._segment_estimator(aligned)
-        available = len(aligned)
         # Boundary positions of later steps, layer by layer (relative to the current position).
         layers: list[tuple[np.ndarray, np.ndarray, bool]] = []  # (offsets, positions, is_tail)
         step_context = context.after(sizes[0]) if sizes else None
@@ -261,8 +259,7 @@ class StepSizer:
             valid = steps >= 1
             if not next_tail:
                 valid &= np.abs(next_offsets[None, :] - offsets[:, None]) <= v
-            counts = estimate(np.broadcast_to(positions[:, None], steps.shape),
-                              np.broadcast_to(next_positions[None, :], steps.shape))
+            counts = estimate(positions[:, None], next_positions[None, :])
             gain = ((counts % dp == 0) & (counts >= dp)).astype(np.int64) + best[None, :]
             best = np.where(valid, gain, -1).max(axis=1)
         chosen = np.asarray(sizes, dtype=np.int64)
@@ -276,8 +273,7 @@ class StepSizer:
             valid = steps >= 1
             if not tail:
                 valid &= np.abs(offsets[None, :] - first_offsets[:, None]) <= v
-            counts = estimate(np.broadcast_to(chosen[:, None], steps.shape),
-                              np.broadcast_to(positions[None, :], steps.shape))
+            counts = estimate(chosen[:, None], positions[None, :])
             gain = ((counts % dp == 0) & (counts >= dp)).astype(np.int64) + best[None, :]
             future = np.maximum(np.where(valid, gain, -1).max(axis=1), 0)
         return {int(k): (bool(a), int(f)) for k, a, f in zip(chosen, aligns_here, future, strict=True)}
@@ -290,7 +286,9 @@ class StepSizer:
         lowest, highest, target = context.window()
         if len(lengths) < highest:
             raise ValueError(f"need {highest} examples read ahead, got {len(lengths)}")
-        bounds = self.lower_bounds(aligned[:highest])
+        estimate = self._segment_estimator(aligned)
+        ends = np.arange(highest + 1)
+        bounds = estimate(np.zeros_like(ends), ends)
         packs = 0
         tried: list[int] = []
 
@@ -312,8 +310,8 @@ class StepSizer:
         misaligned: list[tuple[int, int, int, list[list[int]]]] = []  # (padding, distance, k, bins)
         # Sizes whose bound admits a multiple of dp first, best for the steps after them first;
         # then the rest, if the budget allows. The first size that really aligns is taken.
-        for size in self._search_order(list(_outward(target, lowest, highest)), bounds, aligned,
-                                       context):
+        for size in self._search_order(list(_outward(target, lowest, highest)), bounds, estimate,
+                                       len(aligned), context):
             if self.max_packs is not None and packs >= self.max_packs:
                 break
             bins, ok = self._evaluate(lengths[:size], int(bounds[size]))
@@ -324,16 +322,22 @@ class StepSizer:
             padding = max(self.dp_size, -(-len(bins) // self.dp_size) * self.dp_size) - len(bins)
             misaligned.append((padding, abs(size - target), size, bins))
 
-        if not any(k == target for _, _, k, _ in misaligned):
-            bins = self.packer.pack(lengths[:target])
+        # Nothing aligned: also pack the size whose bound promises the fewest padding bins.
+        dp = self.dp_size
+        window = np.arange(lowest, highest + 1)
+        estimated = bounds[window]
+        est_padding = np.maximum(dp, -(-estimated // dp) * dp) - estimated
+        best = int(window[np.lexsort((np.abs(window - target), est_padding))[0]])
+        if best not in tried:
+            bins = self.packer.pack(lengths[:best])
             packs += 1
-            tried.append(target)
-            padding = max(self.dp_size, -(-len(bins) // self.dp_size) * self.dp_size) - len(bins)
-            misaligned.append((padding, 0, target, bins))
+            tried.append(best)
+            padding = max(dp, -(-len(bins) // dp) * dp) - len(bins)
+            misaligned.append((padding, abs(best - target), best, bins))
         _, _, size, bins = min(misaligned, key=lambda entry: (entry[0], entry[1], entry[2]))
         return self._finish(lengths[:size], bins, False, packs, tried)
 
-    def _search_order(self, sizes: list[int], bounds: np.ndarray, aligned: np.ndarray,
+    def _search_order(self, sizes: list[int], bounds: np.ndarray, estimate, available: int,
                       context: StepContext) -> list[int]:
         """The order in which to pack the window's sizes (given nearest the target first).
 
@@ -354,7 +358,7 @@ class StepSizer:
         if self.horizon > 1:
             candidates = [k for k in sizes if tiers[k] < 2]
             if len(candidates) > 1:
-                future = self._future_alignment(aligned, context, candidates)
+                future = self._future_alignment(estimate, available, context, candidates)
         position = {k: i for i, k in enumerate(sizes)}
         return sorted(sizes, key=lambda k: (tiers[k], -future.get(k, (False, 0))[1], position[k]))
 
