@@ -134,6 +134,7 @@ class StepSizer:
         self.max_packs = None if max_packs is None else int(max_packs)
         self.bound_slack = int(bound_slack)
         self.horizon = max(1, int(horizon))
+        self.unlikely_packs = 3  # the budget when no size's bound is a multiple of dp
         self.capacity = packer.usable_capacity
 
     # ------------------------------------------------------------------ bounds
@@ -296,13 +297,17 @@ class StepSizer:
             bins, ok = self._evaluate(lengths[:target], int(bounds[target]))
             return self._finish(lengths[:target], bins, ok, 1, [target])
 
-        # Hopeless: even the largest size packs into fewer bins than dp.
+        # Hopeless: even the largest size packs into fewer bins than dp. The target is packed;
+        # the examples beyond it add about two bins per capacity of tokens at most, plus one.
         if bounds[highest] < self.dp_size:
-            bins = self.packer.pack(lengths[:highest])
+            bins = self.packer.pack(lengths[:target])
             packs += 1
-            if len(bins) < self.dp_size:
-                bins = self.packer.pack(lengths[:target]) if target != highest else bins
-                packs += int(target != highest)
+            extra = int(np.minimum(aligned[target:highest], self.capacity).sum())
+            at_most = len(bins) + 2 * -(-extra // self.capacity) + int(highest > target)
+            if at_most >= self.dp_size:
+                at_most = len(self.packer.pack(lengths[:highest]))
+                packs += 1
+            if at_most < self.dp_size:
                 decision = self._finish(lengths[:target], bins, False, packs, [target])
                 decision.hopeless = True
                 return decision
@@ -310,9 +315,13 @@ class StepSizer:
         misaligned: list[tuple[int, int, int, list[list[int]]]] = []  # (padding, distance, k, bins)
         # Sizes whose bound admits a multiple of dp first, best for the steps after them first;
         # then the rest, if the budget allows. The first size that really aligns is taken.
-        for size in self._search_order(list(_outward(target, lowest, highest)), bounds, estimate,
-                                       len(aligned), context):
-            if self.max_packs is not None and packs >= self.max_packs:
+        order, exact = self._search_order(list(_outward(target, lowest, highest)), bounds,
+                                          estimate, len(aligned), context)
+        budget = self.max_packs
+        if budget is not None and not exact:
+            budget = min(budget, self.unlikely_packs)  # no bound is a multiple of dp: rarely aligns
+        for size in order:
+            if budget is not None and packs >= budget:
                 break
             bins, ok = self._evaluate(lengths[:size], int(bounds[size]))
             packs += 1
@@ -338,12 +347,13 @@ class StepSizer:
         return self._finish(lengths[:size], bins, False, packs, tried)
 
     def _search_order(self, sizes: list[int], bounds: np.ndarray, estimate, available: int,
-                      context: StepContext) -> list[int]:
+                      context: StepContext) -> tuple[list[int], bool]:
         """The order in which to pack the window's sizes (given nearest the target first).
 
         Sizes whose bound is itself a multiple of dp come first (the packers here usually reach
         the bound), then those a bin above one; among each, the sizes after which most of the
         next few steps can align; then the rest, which only an unlimited budget reaches.
+        Also says whether any bound is itself a multiple of dp.
         """
         dp = self.dp_size
 
@@ -360,7 +370,8 @@ class StepSizer:
             if len(candidates) > 1:
                 future = self._future_alignment(estimate, available, context, candidates)
         position = {k: i for i, k in enumerate(sizes)}
-        return sorted(sizes, key=lambda k: (tiers[k], -future.get(k, (False, 0))[1], position[k]))
+        order = sorted(sizes, key=lambda k: (tiers[k], -future.get(k, (False, 0))[1], position[k]))
+        return order, any(t == 0 for t in tiers.values())
 
     def _finish(
         self,
