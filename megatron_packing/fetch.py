@@ -1,8 +1,9 @@
 """Fetching a step's examples together with its plan, so the collator never packs again.
 
-The DataLoader passes the batch sampler's output (a `PlannedBatch`: indices plus plan) to the
-dataset's ``__getitems__``. `PlannedDataset` reads exactly those examples and returns them with
-the plan attached, in worker processes as well as in the main one.
+The DataLoader passes the batch sampler's output (indices with a plan attached, or a list that
+is itself the plan) to the dataset's ``__getitems__``. `PlannedDataset` reads exactly those
+examples and returns them with the plan, in worker processes as well as in the main one. Both
+the packed and the padded mode fetch through it.
 """
 
 from __future__ import annotations
@@ -41,7 +42,11 @@ class PlannedDataset:
         return self.dataset[index]
 
     def __getitems__(self, indices: Sequence[int]) -> Any:
-        examples = [self.dataset[int(i)] for i in indices]
+        batched = getattr(self.dataset, "__getitems__", None)
+        if callable(batched):
+            examples = list(batched([int(i) for i in indices]))
+        else:
+            examples = [self.dataset[int(i)] for i in indices]
         plan = getattr(indices, "plan", None)
         if plan is None:
             return examples

@@ -1,9 +1,9 @@
 """Plan + fetched examples -> a step of padded [b, L] micro-batches (torch tensors).
 
 How the plan reaches the collator: the batch sampler yields a `PaddedStepPlan` (a list of
-indices with the plan attached). `PlanCarryingDataset.__getitems__` receives that object, fetches
-the examples and returns `FetchedStep(examples, plan)`; `PaddedCollator` turns it into a
-`PaddedBatch`. This works the same in the main process and in loader workers (the plan pickles
+indices that is its own plan). `fetch.PlannedDataset.__getitems__` receives that object, fetches
+the examples and returns them with the plan (`PlannedExamples`); `PaddedCollator` turns them into
+a `PaddedBatch`. This works the same in the main process and in loader workers (the plan pickles
 with its attributes).
 
 Conventions: ``loss_mask[i]`` of a fetched example marks ``input_ids[i]`` as a training target.
@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from megatron_packing.base_order import make_base_order
 from megatron_packing.collate import StepMetadata
+from megatron_packing.fetch import PlannedDataset, PlannedExamples
 from megatron_packing.packing.microbatch import restore_input_order
 from megatron_packing.padded_sampler import PaddedStepPlan, TokenBudgetBatchSampler
 
@@ -69,34 +69,6 @@ class PaddedBatch:
         return restore_input_order(
             range(len(self.example_indices)), list(self.schedule_positions), list(outputs)
         )
-
-
-@dataclass
-class FetchedStep:
-    """What the dataset wrapper hands the collator: the examples and the plan they belong to."""
-
-    examples: list[dict[str, Any]]
-    plan: PaddedStepPlan
-
-
-class PlanCarryingDataset(Dataset):
-    """Wraps a map-style dataset so a batch fetch keeps the sampler's plan next to the examples."""
-
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> Any:
-        return self.dataset[index]
-
-    def __getitems__(self, indices: Sequence[int]) -> FetchedStep | list[Any]:
-        inner = getattr(self.dataset, "__getitems__", None)
-        examples = list(inner(list(indices))) if callable(inner) else [self.dataset[int(i)] for i in indices]
-        if isinstance(indices, PaddedStepPlan):
-            return FetchedStep(examples, indices)
-        return examples
 
 
 def _pad_rows(rows: list[np.ndarray], width: int, fill: int, dtype: torch.dtype) -> torch.Tensor:
@@ -154,7 +126,7 @@ def make_dummy_microbatch(pad_token_id: int = 0, length: int = 1) -> PaddedMicro
 
 
 class PaddedCollator:
-    """`FetchedStep` -> `PaddedBatch`; it follows the plan and never re-splits."""
+    """Fetched examples with their plan (`PlannedExamples`) -> `PaddedBatch`; never re-splits."""
 
     def __init__(self, pad_token_id: int = 0, pad_to_multiple_of: int = 1) -> None:
         if pad_to_multiple_of < 1:
@@ -162,14 +134,14 @@ class PaddedCollator:
         self.pad_token_id = pad_token_id
         self.pad_to_multiple_of = pad_to_multiple_of
 
-    def __call__(self, fetched: FetchedStep) -> PaddedBatch:
-        if not isinstance(fetched, FetchedStep):
+    def __call__(self, fetched: PlannedExamples) -> PaddedBatch:
+        if not isinstance(getattr(fetched, "plan", None), PaddedStepPlan):
             raise TypeError(
-                "PaddedCollator needs the sampler's plan: wrap the dataset in PlanCarryingDataset "
+                "PaddedCollator needs the sampler's plan: wrap the dataset in PlannedDataset "
                 "and use TokenBudgetBatchSampler as the loader's batch_sampler "
                 f"(got {type(fetched).__name__})"
             )
-        return self.collate(fetched.examples, fetched.plan)
+        return self.collate(list(fetched), fetched.plan)
 
     def collate(self, examples: Sequence[dict[str, Any]], plan: PaddedStepPlan) -> PaddedBatch:
         if len(examples) != len(plan):
@@ -215,7 +187,7 @@ class PaddedCollator:
 
 def build_padded_components(
     dataset: Any, config: Any, *, dp_rank: int, dp_size: int, seed: int
-) -> tuple[TokenBudgetBatchSampler, PlanCarryingDataset, PaddedCollator]:
+) -> tuple[TokenBudgetBatchSampler, PlannedDataset, PaddedCollator]:
     """(batch_sampler, dataset_wrapper, collate_fn) for ``use_sequence_packing: false``.
 
     Use as ``StatefulDataLoader(wrapper, batch_sampler=sampler, collate_fn=collator, ...)``.
@@ -238,15 +210,13 @@ def build_padded_components(
         loss_token_counts=None if loss_counts is None else np.asarray(loss_counts),
     )
     collator = PaddedCollator(pad_token_id=getattr(config, "pad_token_id", 0))
-    return sampler, PlanCarryingDataset(dataset), collator
+    return sampler, PlannedDataset(dataset), collator
 
 
 __all__ = [
-    "FetchedStep",
     "PaddedBatch",
     "PaddedCollator",
     "PaddedMicroBatch",
-    "PlanCarryingDataset",
     "build_padded_components",
     "collate_microbatch",
     "make_dummy_microbatch",

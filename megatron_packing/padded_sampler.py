@@ -57,6 +57,11 @@ class PaddedStepPlan(list):
     plan_ms: float
 
     @property
+    def plan(self) -> PaddedStepPlan:
+        """The step's plan: this list itself (what the fetching dataset looks for)."""
+        return self
+
+    @property
     def global_padded_tokens(self) -> int:
         return int(sum(self.rank_padded_tokens))
 

@@ -12,10 +12,9 @@ from padded_synth import SyntheticSFTDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from megatron_packing.base_order import SeededRandomOrder, SequentialSampler
+from megatron_packing.fetch import PlannedDataset, PlannedExamples
 from megatron_packing.padded_collate import (
-    FetchedStep,
     PaddedCollator,
-    PlanCarryingDataset,
     build_padded_components,
     make_dummy_microbatch,
 )
@@ -118,8 +117,8 @@ def test_bad_sampler_inputs():
 def test_collator_builds_padded_microbatches():
     sampler = make_sampler(1)
     plan = next(iter(sampler))
-    fetched = PlanCarryingDataset(DATA).__getitems__(plan)
-    assert isinstance(fetched, FetchedStep)
+    fetched = PlannedDataset(DATA).__getitems__(plan)
+    assert isinstance(fetched, PlannedExamples) and fetched.plan is plan
     batch = PaddedCollator(pad_token_id=0)(fetched)
     assert len(batch) == plan.microbatches_per_rank
     for micro, group in zip(batch.micro_batches, plan.schedule, strict=True):
@@ -147,7 +146,7 @@ def test_collator_builds_padded_microbatches():
     # per-row outputs of a forward pass come back in the rank's input order
     outputs = [None if m is None else [int(i) for i in m.example_indices] for m in batch.micro_batches]
     assert batch.restore_order(outputs) == list(plan)
-    with pytest.raises(TypeError, match="PlanCarryingDataset"):
+    with pytest.raises(TypeError, match="PlannedDataset"):
         PaddedCollator()([DATA[0]])
 
 
