@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from megatron_packing.collate import StepMetadata
 from megatron_packing.metrics import (
     METRIC_NAMES,
@@ -60,4 +62,8 @@ def test_wandb_logger_offline(tmp_path, monkeypatch):
     logger.finish()
     runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1
+    # The wandb service process may still be flushing the run file when finish() returns.
+    deadline = time.monotonic() + 60
+    while b"train/actual_batch_size" not in runs[0].read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert b"train/actual_batch_size" in runs[0].read_bytes()
