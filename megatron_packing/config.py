@@ -167,16 +167,7 @@ class PackingConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any], *, source: str = "config") -> PackingConfig:
         """Build from a mapping, rejecting unknown keys with a suggestion."""
-        if not isinstance(values, dict):
-            raise ConfigError(f"{source}: expected a mapping of packing keys, got {type(values).__name__}")
-        known = {f.name for f in fields(cls)}
-        for key in values:
-            if key not in known:
-                hint = difflib.get_close_matches(str(key), sorted(known), n=1)
-                suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
-                raise ConfigError(f"{source}: unknown packing key {key!r}{suggestion} "
-                                  f"(valid keys: {', '.join(sorted(known))})")
-        return cls(**values)
+        return dataclass_from_mapping(cls, values, source=source, what="packing key")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -203,6 +194,20 @@ def load_config(path: str | Path, *, dp_size: int | None = None) -> PackingConfi
         if not message.startswith(str(path)):
             message = f"{path}: {message}"
         raise ConfigError(message) from None
+
+
+def dataclass_from_mapping(cls: type, values: Any, *, source: str, what: str = "key") -> Any:
+    """Build a config dataclass from a YAML mapping; an unknown key gets a did-you-mean hint."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{source}: expected a mapping of {what}s, got {type(values).__name__}")
+    known = {f.name for f in fields(cls)}
+    for key in values:
+        if key not in known:
+            hint = difflib.get_close_matches(str(key), sorted(known), n=1)
+            suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+            raise ConfigError(f"{source}: unknown {what} {key!r}{suggestion} "
+                              f"(valid keys: {', '.join(sorted(known))})")
+    return cls(**values)
 
 
 def _require_int(name: str, value: Any, *, minimum: int) -> None:

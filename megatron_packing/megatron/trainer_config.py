@@ -7,14 +7,13 @@ A training YAML has five sections: ``packing`` (`megatron_packing.config.Packing
 from __future__ import annotations
 
 import dataclasses
-import difflib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from megatron_packing.config import ConfigError, PackingConfig
+from megatron_packing.config import ConfigError, PackingConfig, dataclass_from_mapping
 
 
 @dataclass
@@ -89,15 +88,7 @@ _SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "lo
 def _section(cls: type, values: Any, name: str, source: str) -> Any:
     if values is None:
         return cls()
-    if not isinstance(values, dict):
-        raise ConfigError(f"{source}: section {name!r} must be a mapping")
-    known = {f.name for f in fields(cls)}
-    for key in values:
-        if key not in known:
-            hint = difflib.get_close_matches(str(key), sorted(known), n=1)
-            suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
-            raise ConfigError(f"{source}: unknown key {name}.{key}{suggestion}")
-    return cls(**values)
+    return dataclass_from_mapping(cls, values, source=source, what=f"{name} key")
 
 
 def training_config_from_dict(document: dict[str, Any], *, source: str = "config",
