@@ -113,14 +113,18 @@ class PackedCollator:
         examples = fetched.by_index()
         rank = fetched.dp_rank
         bins = plan.bins if rank is None else plan.bins_of_rank(rank)
-        micro_batches = [self._pack_row(b, examples, plan.truncated) for b in bins]
-        return PackedBatch(micro_batches=micro_batches, meta=step_metadata(plan))
+        rows = [self._layout(b, examples, plan.truncated) for b in bins]
+        return PackedBatch(micro_batches=self._fill(rows), meta=step_metadata(plan))
 
-    def _pack_row(self, indices: tuple[int, ...], examples: dict[int, Any],
-                  truncated: dict[int, int]) -> PackedMicroBatch:
+    def _layout(self, indices: tuple[int, ...], examples: dict[int, Any],
+                truncated: dict[int, int]) -> _RowLayout:
+        """Where each sequence of a bin goes in its row (a placeholder row when it is empty)."""
         align = self.alignment
         if not indices:
-            return self._placeholder_row()
+            length = -(-align.aligned_length(1) // align.bin_multiple) * align.bin_multiple
+            if self.pad_bins_to_capacity:
+                length = max(length, self.bin_capacity)
+            return _RowLayout((), [], np.array([1]), np.array([length]))
         sequences = []
         for index in indices:
             example = examples[index]
@@ -136,48 +140,61 @@ class PackedCollator:
         if self.pad_bins_to_capacity:
             row_length = max(row_length, self.bin_capacity)
         padded[-1] += row_length - total  # the aggregate padding is paid once, by the last segment
-        starts = np.concatenate(([0], np.cumsum(padded)[:-1]))
+        return _RowLayout(tuple(int(i) for i in indices), sequences, real, padded)
 
-        tokens = np.full(row_length, self.pad_token_id, dtype=np.int64)
-        labels = np.full(row_length, self.pad_token_id, dtype=np.int64)
-        loss_mask = np.zeros(row_length, dtype=np.float32)
-        position_ids = np.empty(row_length, dtype=np.int64)
-        for (ids, mask), start, seg in zip(sequences, starts, padded, strict=True):
-            n = len(ids)
-            tokens[start:start + n] = ids
-            labels[start:start + n - 1] = ids[1:]
-            loss_mask[start:start + n - 1] = mask[1:]
-            position_ids[start:start + seg] = np.arange(seg)
-        cu_seqlens = np.concatenate(([0], np.cumsum(real))).astype(np.int32)
-        cu_padded = np.concatenate(([0], np.cumsum(padded))).astype(np.int32)
-        return PackedMicroBatch(
-            tokens=torch.from_numpy(tokens).unsqueeze(0),
-            labels=torch.from_numpy(labels).unsqueeze(0),
-            loss_mask=torch.from_numpy(loss_mask).unsqueeze(0),
-            position_ids=torch.from_numpy(position_ids).unsqueeze(0),
-            cu_seqlens=torch.from_numpy(cu_seqlens),
-            cu_seqlens_padded=torch.from_numpy(cu_padded),
-            max_seqlen=int(padded.max()),
-            example_indices=tuple(int(i) for i in indices),
-        )
+    def _fill(self, rows: list[_RowLayout]) -> list[PackedMicroBatch]:
+        """Write every row into three step-wide buffers; each micro-batch is a view into them.
 
-    def _placeholder_row(self) -> PackedMicroBatch:
-        """A valid one-token row with zero loss, padded to the alignment (or the capacity)."""
-        length = -(-self.alignment.aligned_length(1) // self.alignment.bin_multiple)
-        length *= self.alignment.bin_multiple
-        if self.pad_bins_to_capacity:
-            length = max(length, self.bin_capacity)
-        return PackedMicroBatch(
-            tokens=torch.full((1, length), self.pad_token_id, dtype=torch.int64),
-            labels=torch.full((1, length), self.pad_token_id, dtype=torch.int64),
-            loss_mask=torch.zeros((1, length), dtype=torch.float32),
-            position_ids=torch.arange(length, dtype=torch.int64).unsqueeze(0),
-            cu_seqlens=torch.tensor([0, 1], dtype=torch.int32),
-            cu_seqlens_padded=torch.tensor([0, length], dtype=torch.int32),
-            max_seqlen=length,
-            example_indices=(),
-            is_placeholder=True,
-        )
+        Few storages per step keep the hand-off from loader workers cheap: tensors cross
+        processes one shared storage at a time, so per-row tensors would cost far more.
+        """
+        lengths = [int(row.padded.sum()) for row in rows]
+        offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+        seq_counts = [len(row.padded) + 1 for row in rows]
+        seq_offsets = np.concatenate(([0], np.cumsum(seq_counts))).astype(np.int64)
+        total = int(offsets[-1])
+        ints = np.empty((3, total), dtype=np.int64)  # tokens, labels, position ids
+        ints[:2] = self.pad_token_id
+        loss = np.zeros(total, dtype=np.float32)
+        cu = np.empty((2, int(seq_offsets[-1])), dtype=np.int32)  # real and padded boundaries
+        for row, base, cu_base in zip(rows, offsets[:-1], seq_offsets[:-1], strict=True):
+            starts = base + np.concatenate(([0], np.cumsum(row.padded)[:-1]))
+            for start, seg in zip(starts, row.padded, strict=True):
+                ints[2, start:start + seg] = np.arange(seg)
+            for (ids, mask), start in zip(row.sequences, starts[: len(row.sequences)], strict=True):
+                n = len(ids)
+                ints[0, start:start + n] = ids
+                ints[1, start:start + n - 1] = ids[1:]
+                loss[start:start + n - 1] = mask[1:]
+            count = len(row.padded) + 1
+            cu[0, cu_base:cu_base + count] = np.concatenate(([0], np.cumsum(row.real)))
+            cu[1, cu_base:cu_base + count] = np.concatenate(([0], np.cumsum(row.padded)))
+        ints_t, loss_t, cu_t = torch.from_numpy(ints), torch.from_numpy(loss), torch.from_numpy(cu)
+        out = []
+        for row, a, b, c in zip(rows, offsets[:-1], offsets[1:], seq_offsets[:-1], strict=True):
+            d = c + len(row.padded) + 1
+            out.append(PackedMicroBatch(
+                tokens=ints_t[0, a:b].unsqueeze(0),
+                labels=ints_t[1, a:b].unsqueeze(0),
+                loss_mask=loss_t[a:b].unsqueeze(0),
+                position_ids=ints_t[2, a:b].unsqueeze(0),
+                cu_seqlens=cu_t[0, c:d],
+                cu_seqlens_padded=cu_t[1, c:d],
+                max_seqlen=int(row.padded.max()),
+                example_indices=row.indices,
+                is_placeholder=not row.indices,
+            ))
+        return out
+
+
+@dataclass
+class _RowLayout:
+    """One bin's sequences and their real and aligned lengths (a placeholder has none)."""
+
+    indices: tuple[int, ...]
+    sequences: list[tuple[np.ndarray, np.ndarray]]
+    real: np.ndarray
+    padded: np.ndarray
 
 
 def step_metadata(plan: Any) -> StepMetadata:
