@@ -16,7 +16,7 @@ import math
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -62,7 +62,6 @@ class StepPlan:
     drift: int  # emitted - steps x B within the epoch, after this step
     is_eval: bool = False
     packs: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_examples(self) -> int:

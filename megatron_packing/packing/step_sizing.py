@@ -217,8 +217,8 @@ class StepSizer:
         return estimate
 
     def _future_alignment(self, estimate, available: int, context: StepContext,
-                          sizes: list[int]) -> dict[int, tuple[bool, int]]:
-        """For each candidate size: (does this step align, how many later steps can align).
+                          sizes: list[int]) -> dict[int, int]:
+        """For each candidate size: how many of the next steps can still align after it.
 
         Boundary j of the next few steps may sit anywhere within +-v of its nominal place
         j x B, consecutive boundaries within v of each other (the step-size window). A backward
@@ -248,36 +248,25 @@ class StepSizer:
                 break
             layers.append((offsets, positions, kind == STEP_EPOCH_TAIL))
             step_context = replace(step_context, drift=0).after(batch)
-        # Backward: best[i] = most aligned steps from boundary i of a layer to the horizon.
-        best = None
-        for index in range(len(layers) - 1, -1, -1):
-            offsets, positions, _ = layers[index]
-            if best is None:
-                best = np.zeros(positions.size, dtype=np.int64)
-                continue
-            next_offsets, next_positions, next_tail = layers[index + 1]
-            steps = next_positions[None, :] - positions[:, None]
-            valid = steps >= 1
+        def best_onward(offsets, positions, nxt, best_after):
+            """Most aligned steps from each boundary, over the step to the next layer and on."""
+            next_offsets, next_positions, next_tail = nxt
+            valid = next_positions[None, :] - positions[:, None] >= 1
             if not next_tail:
                 valid &= np.abs(next_offsets[None, :] - offsets[:, None]) <= v
             counts = estimate(positions[:, None], next_positions[None, :])
-            gain = ((counts % dp == 0) & (counts >= dp)).astype(np.int64) + best[None, :]
-            best = np.where(valid, gain, -1).max(axis=1)
+            gain = ((counts % dp == 0) & (counts >= dp)).astype(np.int64) + best_after[None, :]
+            return np.where(valid, gain, -1).max(axis=1)
+
         chosen = np.asarray(sizes, dtype=np.int64)
-        here = estimate(np.zeros_like(chosen), chosen)
-        aligns_here = (here % dp == 0) & (here >= dp)
-        future = np.zeros(chosen.size, dtype=np.int64)
-        if layers:
-            offsets, positions, tail = layers[0]
-            first_offsets = context.drift + chosen - batch
-            steps = positions[None, :] - chosen[:, None]
-            valid = steps >= 1
-            if not tail:
-                valid &= np.abs(offsets[None, :] - first_offsets[:, None]) <= v
-            counts = estimate(chosen[:, None], positions[None, :])
-            gain = ((counts % dp == 0) & (counts >= dp)).astype(np.int64) + best[None, :]
-            future = np.maximum(np.where(valid, gain, -1).max(axis=1), 0)
-        return {int(k): (bool(a), int(f)) for k, a, f in zip(chosen, aligns_here, future, strict=True)}
+        if not layers:
+            return {int(k): 0 for k in chosen}
+        # Backward: best = most aligned steps from each boundary of a layer to the horizon.
+        best = np.zeros(layers[-1][1].size, dtype=np.int64)
+        for index in range(len(layers) - 2, -1, -1):
+            best = best_onward(layers[index][0], layers[index][1], layers[index + 1], best)
+        future = best_onward(context.drift + chosen - batch, chosen, layers[0], best)
+        return {int(k): max(int(f), 0) for k, f in zip(chosen, future, strict=True)}
 
     # ------------------------------------------------------------------ decision
     def decide(
@@ -364,13 +353,13 @@ class StepSizer:
             return 1 if self._promising(bound) else 2
 
         tiers = {k: tier(k) for k in sizes}
-        future: dict[int, tuple[bool, int]] = {}
+        future: dict[int, int] = {}
         if self.horizon > 1:
             candidates = [k for k in sizes if tiers[k] < 2]
             if len(candidates) > 1:
                 future = self._future_alignment(estimate, available, context, candidates)
         position = {k: i for i, k in enumerate(sizes)}
-        order = sorted(sizes, key=lambda k: (tiers[k], -future.get(k, (False, 0))[1], position[k]))
+        order = sorted(sizes, key=lambda k: (tiers[k], -future.get(k, 0), position[k]))
         return order, any(t == 0 for t in tiers.values())
 
     def _finish(
