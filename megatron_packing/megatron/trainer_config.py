@@ -52,6 +52,7 @@ class DataConfig:
     loss_on: str = "assistant"
     on_bad_record: str = "error"
     cache_dir: str | None = None
+    valid_paths: list[str] = field(default_factory=list)  # validation data (Megatron-LM entry)
 
 
 @dataclass

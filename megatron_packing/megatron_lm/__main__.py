@@ -1,0 +1,7 @@
+"""``python -m megatron_packing.megatron_lm``: see `megatron_packing.megatron_lm.entry`."""
+
+import sys
+
+from megatron_packing.megatron_lm.entry import main
+
+sys.exit(main())

@@ -1,0 +1,122 @@
+"""Per-rank loaders for the Megatron-LM entry point, and their state inside Megatron's checkpoints.
+
+Every rank builds its own loader from the same seed and lengths, keyed by its data-parallel
+rank: the ranks of one tensor-, context- or pipeline-parallel group share a DP rank, so they
+plan and fetch the same rows and agree on each step's micro-batch count without a collective.
+
+The loader state travels through Megatron-LM's own dataloader hook: ``save_checkpoint(...,
+train_data_iterator=...)`` calls ``train_data_iterator.iterable.save_state()`` and writes the
+result as ``iter_NNNNNNN/mp_rank_00/train_dataloader_dprankDDD.pt`` under ``--save``, once per
+DP rank, before the checkpoint's tracker file names the iteration. Restoring is the entry
+point's job (`restore_loader_state`), keyed by the iteration ``load_checkpoint`` returned.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from megatron_packing.collate import PackedBatch, StepMetadata
+
+LOADER_STATE_BASENAME = "train_dataloader_dprank{dp_rank:03d}.pt"
+
+
+@dataclass
+class ExampleCounter:
+    """Real examples and tokens trained on (not rows), saved with the loader state."""
+
+    examples: int = 0
+    tokens: int = 0
+    loss_tokens: int = 0
+
+    def update(self, meta: StepMetadata) -> None:
+        self.examples += int(meta.num_examples)
+        self.tokens += int(meta.num_tokens)
+        self.loss_tokens += int(meta.num_loss_tokens)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"examples": self.examples, "tokens": self.tokens, "loss_tokens": self.loss_tokens}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.examples = int(state["examples"])
+        self.tokens = int(state["tokens"])
+        self.loss_tokens = int(state["loss_tokens"])
+
+
+@dataclass
+class TrainStream:
+    """The training loader as an endless stream of steps (epochs roll over), with its state.
+
+    ``state_dict()`` taken after ``next()`` returned step k resumes at step k + 1: the loop
+    pulls exactly one step per iteration and never reads ahead.
+    """
+
+    loader: Any
+    counter: ExampleCounter = field(default_factory=ExampleCounter)
+    _iterator: Iterator[PackedBatch] | None = None
+
+    def __next__(self) -> PackedBatch:
+        if self._iterator is None:
+            self._iterator = iter(self.loader)
+        try:
+            batch = next(self._iterator)
+        except StopIteration:  # one pass of the loader is one epoch; the sampler starts the next
+            self._iterator = iter(self.loader)
+            batch = next(self._iterator)
+        self.counter.update(batch.meta)
+        return batch
+
+    def __iter__(self) -> TrainStream:
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"loader": self.loader.state_dict(), "counter": self.counter.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state["loader"])
+        self.counter.load_state_dict(state["counter"])
+        self._iterator = None
+
+
+class _CheckpointHook:
+    """What Megatron-LM's ``maybe_save_dataloader_state`` reads: ``.iterable.save_state()``."""
+
+    def __init__(self, stream: TrainStream) -> None:
+        self.iterable = self
+        self._stream = stream
+
+    def save_state(self) -> dict[str, Any]:
+        return self._stream.state_dict()
+
+
+def checkpoint_hook(stream: TrainStream) -> _CheckpointHook:
+    """The object to pass as ``save_checkpoint(..., train_data_iterator=...)``."""
+    return _CheckpointHook(stream)
+
+
+def loader_state_path(checkpoint_dir: str, iteration: int, dp_rank: int) -> str:
+    """Where Megatron-LM's hook writes DP rank ``dp_rank``'s loader state for ``iteration``."""
+    from megatron.training.checkpointing import get_checkpoint_name
+
+    return get_checkpoint_name(checkpoint_dir, iteration, tensor_rank=0, pipeline_rank=0,
+                               expert_rank=0, basename=LOADER_STATE_BASENAME.format(dp_rank=dp_rank))
+
+
+def restore_loader_state(stream: TrainStream, checkpoint_dir: str, iteration: int,
+                         dp_rank: int) -> str:
+    """Load the loader state saved with checkpoint ``iteration``; a clear error when absent."""
+    path = loader_state_path(checkpoint_dir, iteration, dp_rank)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"checkpoint iteration {iteration} under {checkpoint_dir} has no loader state for "
+            f"data-parallel rank {dp_rank} (expected {path}). It was not written by the "
+            "megatron_packing entry point, or with a different data-parallel size; resuming "
+            "without it would replay or skip examples. Start from a checkpoint this entry point "
+            "saved, or pass --finetune to start the data from the beginning")
+    saved = torch.load(path, map_location="cpu", weights_only=False)
+    stream.load_state_dict(saved["dataloader_state_dict"])
+    return path

@@ -1,0 +1,108 @@
+"""One packed row through a megatron-core model inside Megatron-LM's schedules.
+
+On GPUs the row goes in as THD with `PackedSeqParams`; with context parallelism megatron-core's
+``get_thd_batch_on_this_cp_rank`` hands each CP rank its load-balanced share of every sequence.
+On CPU (tests), where attention cannot read THD metadata, the row goes in whole with the exact
+block-diagonal causal mask, and with CP each rank trains only the tokens of its CP share (the
+same positions the GPU path would give it), so the DP x CP gradient sum is the same gradient.
+
+With pipeline parallelism every micro-batch of a step must have one shape, so rows are padded to
+the step's longest row (not to the capacity); the padding joins the last sequence's aligned
+segment and carries no loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+import torch
+
+from megatron_packing.collate import PackedMicroBatch
+from megatron_packing.megatron.megatron_lm import megatron_lm_loss_func
+from megatron_packing.megatron.packed_seq import block_diagonal_causal_mask
+
+
+def pad_row(mb: PackedMicroBatch, length: int, pad_token_id: int = 0) -> PackedMicroBatch:
+    """``mb`` grown to ``length`` tokens; the padding extends the last aligned segment."""
+    current = int(mb.tokens.shape[1])
+    if current == length:
+        return mb
+    if current > length:
+        raise ValueError(f"row of {current} tokens cannot be padded to {length}")
+    extra = length - current
+
+    def grow(t: torch.Tensor, value: float) -> torch.Tensor:
+        return torch.cat([t, torch.full((1, extra), value, dtype=t.dtype)], dim=1)
+
+    cu_padded = mb.cu_seqlens_padded.clone()
+    cu_padded[-1] = length
+    last_segment = int(cu_padded[-1] - cu_padded[-2]) if cu_padded.numel() > 1 else length
+    last_position = int(mb.position_ids[0, -1]) + 1 if current else 0
+    positions = torch.arange(last_position, last_position + extra, dtype=mb.position_ids.dtype)
+    return replace(
+        mb,
+        tokens=grow(mb.tokens, pad_token_id),
+        labels=grow(mb.labels, 0),
+        loss_mask=grow(mb.loss_mask, 0.0),
+        position_ids=torch.cat([mb.position_ids, positions[None]], dim=1),
+        cu_seqlens_padded=cu_padded,
+        max_seqlen=max(int(mb.max_seqlen), last_segment),
+    )
+
+
+def cp_share_positions(cu_seqlens_padded: torch.Tensor, cp_size: int, cp_rank: int) -> torch.Tensor:
+    """Positions of a THD row that CP rank ``cp_rank`` owns under the load-balanced split.
+
+    Each aligned sequence is cut into ``2 x cp`` equal chunks and rank r takes chunks r and
+    ``2cp - 1 - r``, which evens out causal attention work across CP ranks.
+    """
+    from megatron_packing.megatron.lm_batch import cp_partition_indices
+
+    return cp_partition_indices(cu_seqlens_padded, cp_size, cp_rank)
+
+
+def make_forward_step(*, cp_size: int = 1, cp_rank: int = 0, thd: bool | None = None
+                      ) -> Callable[[Iterator[PackedMicroBatch], Any], tuple[torch.Tensor, Any]]:
+    """The ``forward_step_func`` the schedules call once per micro-batch."""
+    use_thd = torch.cuda.is_available() if thd is None else thd
+
+    def forward_step(data_iterator: Iterator[PackedMicroBatch], model: Any
+                     ) -> tuple[torch.Tensor, Any]:
+        mb = next(data_iterator)
+        if use_thd:
+            return _forward_thd(mb, model, cp_size)
+        return _forward_cpu(mb, model, cp_size, cp_rank)
+
+    return forward_step
+
+
+def _forward_cpu(mb: PackedMicroBatch, model: Any, cp_size: int, cp_rank: int
+                 ) -> tuple[torch.Tensor, Any]:
+    total = int(mb.tokens.shape[1])
+    mask = block_diagonal_causal_mask(mb.cu_seqlens_padded, total)
+    loss_mask = mb.loss_mask
+    if cp_size > 1:
+        share = torch.zeros_like(loss_mask)
+        share[0, cp_share_positions(mb.cu_seqlens_padded, cp_size, cp_rank)] = 1
+        loss_mask = loss_mask * share
+    output = model(mb.tokens, mb.position_ids, mask, labels=mb.labels)
+    return output, partial(megatron_lm_loss_func, loss_mask)
+
+
+def _forward_thd(mb: PackedMicroBatch, model: Any, cp_size: int) -> tuple[torch.Tensor, Any]:
+    from megatron.core.utils import get_thd_batch_on_this_cp_rank
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    batch = {"tokens": mb.tokens, "labels": mb.labels, "loss_mask": mb.loss_mask,
+             "position_ids": mb.position_ids}
+    batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+    cu_seqlens = mb.cu_seqlens.to(device=device, dtype=torch.int32)
+    cu_seqlens_padded = mb.cu_seqlens_padded.to(device=device, dtype=torch.int32)
+    max_seqlen = torch.tensor([int(mb.max_seqlen)], dtype=torch.int32)
+    batch, params = get_thd_batch_on_this_cp_rank(batch, cu_seqlens, cu_seqlens_padded, max_seqlen)
+    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
+                   packed_seq_params=params)
+    return output, partial(megatron_lm_loss_func, batch["loss_mask"])
