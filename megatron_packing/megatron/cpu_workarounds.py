@@ -5,12 +5,33 @@ megatron-core assumes CUDA in a few spots that a tiny CPU model still reaches:
 1. ``model_parallel_cuda_manual_seed`` needs CUDA, so the tensor-parallel RNG tracker is
    initialised directly instead.
 2. Some layers ask ``torch.cuda.current_device()`` for a device; it is answered with ``"cpu"``.
-3. The schedules allocate their token counter with ``device="cuda"``; `cuda_factories_on_cpu`
-   redirects tensor factories that name CUDA to the CPU while a schedule runs.
+3. The schedules allocate their token counter with ``device="cuda"``, and the megatron-core
+   optimizers (``get_megatron_optimizer``, ``step()``, gradient clipping) allocate their loss
+   scale, overflow flags and norms the same way; `cuda_factories_on_cpu` redirects tensor
+   factories that name CUDA to the CPU while a schedule, the optimizer's construction or its
+   step runs.
+4. The distributed optimizer picks a parameter's branch by ``param.type()`` and rejects any
+   name but ``torch.cuda.{Float,Half,BFloat16}Tensor``; gradient clipping asserts
+   ``grad.type() == "torch.cuda.FloatTensor"``. While the optimizer is built and stepped,
+   ``.type()`` (no arguments) of a CPU floating tensor answers with the CUDA name.
+5. float64 (used for exact equivalence checks) is no type the distributed optimizer knows, on
+   any device: while the optimizer is built and stepped, a float64 tensor's ``.type()`` answers
+   ``torch.cuda.FloatTensor`` (the full-precision branch, which shards the parameter as it is)
+   and its ``.float()`` returns it unchanged (the branch casts gradients with ``.float()``), so a
+   float64 run keeps float64 parameters, gradients and Adam state. No-op for other dtypes.
+
+`megatron_optimizer_compat` applies 3 to 5; wrap ``get_megatron_optimizer`` and every
+``optimizer.step()`` in it (`megatron_packing.megatron.ddp` and `train_step` do).
+
+megatron-core ``DistributedDataParallel`` itself needs nothing: it builds its grad buffers on
+the CPU and reduces them with gloo, with or without ``overlap_grad_reduce`` (gloo runs the
+async all-reduce / reduce-scatter), and with the distributed optimizer's all-gather. Only
+``num_distributed_optimizer_instances > 1`` creates a CUDA stream; `ddp.wrap_in_ddp` refuses it
+on CPU.
 
 Attention also needs an explicit boolean mask on CPU (``attention_mask=None`` builds one on
 CUDA); `megatron_packing.megatron.packed_seq.block_diagonal_causal_mask` provides it.
-None of this is applied on a machine with CUDA.
+Workarounds 1 to 4 are not applied on a machine with CUDA; 5 touches float64 tensors only.
 """
 
 from __future__ import annotations
@@ -53,6 +74,36 @@ class _CudaFactoriesOnCpu(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+_CUDA_TYPE_NAMES = {
+    torch.float32: "torch.cuda.FloatTensor",
+    torch.float64: "torch.cuda.FloatTensor",  # the full-precision branch (workaround 5)
+    torch.float16: "torch.cuda.HalfTensor",
+    torch.bfloat16: "torch.cuda.BFloat16Tensor",
+}
+
+
+class _OptimizerTensorTypes(TorchFunctionMode):
+    """``.type()`` answers CUDA names (CPU runs, and float64 anywhere); float64 ``.float()`` keeps.
+
+    Workarounds 4 and 5; ``on_cpu`` selects whether CPU tensors of other dtypes are renamed.
+    """
+
+    def __init__(self, on_cpu: bool) -> None:
+        super().__init__()
+        self.on_cpu = on_cpu
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None):
+        kwargs = kwargs or {}
+        if len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor):
+            tensor = args[0]
+            if func is torch.Tensor.float and tensor.dtype == torch.float64:
+                return tensor
+            renamed = tensor.dtype == torch.float64 or (self.on_cpu and tensor.device.type == "cpu")
+            if func is torch.Tensor.type and renamed and tensor.dtype in _CUDA_TYPE_NAMES:
+                return _CUDA_TYPE_NAMES[tensor.dtype]
+        return func(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def cuda_factories_on_cpu() -> Iterator[None]:
     """While active, tensors that megatron-core allocates on CUDA land on the CPU (workaround 3)."""
@@ -60,4 +111,13 @@ def cuda_factories_on_cpu() -> Iterator[None]:
         yield
         return
     with _CudaFactoriesOnCpu():
+        yield
+
+
+@contextlib.contextmanager
+def megatron_optimizer_compat() -> Iterator[None]:
+    """Workarounds 3 to 5: wrap building and stepping a megatron-core optimizer."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(cuda_factories_on_cpu())
+        stack.enter_context(_OptimizerTensorTypes(on_cpu=cpu_only()))
         yield

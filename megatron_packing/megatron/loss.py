@@ -18,6 +18,12 @@ How it composes with megatron-core's schedule and DP reduction (model config
   reduction as the schedule's ``finalize_model_grads_func``.
 * Placeholder rows have an all-zero loss mask, so they add exactly zero to loss and gradient.
 
+With a megatron-core ``DistributedDataParallel`` model `train_step` takes Megatron's route
+instead: the loss function returns the raw token sum (``make_loss_func(mask, None)``), the DDP
+sums the ``main_grad`` buffers and ``finalize_model_grads`` divides once by the all-reduced
+token count, which `reduce_reported_loss` checks equals N. (Megatron rounds that 1/count to
+float32, so a float64 run matches the plain path to about 3e-8 relative, not 1e-15.)
+
 Megatron-LM's own loop reaches the same result differently (``--calculate-per-token-loss``:
 the loss returns the raw sum and its token count, DDP sums gradients, and
 ``finalize_model_grads`` divides by the all-reduced count, which equals N); see
@@ -40,16 +46,17 @@ def masked_loss_sum(per_token_loss: torch.Tensor, loss_mask: torch.Tensor) -> to
 
 
 def make_loss_func(
-    loss_mask: torch.Tensor, global_loss_tokens: int, *, grad_reduce_divisor: int = 1
+    loss_mask: torch.Tensor, global_loss_tokens: int | None, *, grad_reduce_divisor: int = 1
 ) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, LossReport]]:
     """Loss function for one micro-batch, in the schedule's 3-tuple protocol.
 
-    ``global_loss_tokens`` is N from the step's metadata. ``grad_reduce_divisor`` is the factor
+    ``global_loss_tokens`` is N from the step's metadata; ``None`` returns the raw token sum,
+    for megatron-core DDP, whose ``finalize_model_grads`` divides by the all-reduced count. ``grad_reduce_divisor`` is the factor
     by which the DP gradient reduction divides (1 for a SUM reduction, dp for an averaging one);
     the loss is multiplied by it so that the reduced gradient is still the global one.
     Needs ``calculate_per_token_loss=True`` in the model config (no division by micro-batches).
     """
-    divisor = float(max(int(global_loss_tokens), 1))
+    divisor = 1.0 if global_loss_tokens is None else float(max(int(global_loss_tokens), 1))
 
     def loss_func(per_token_loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, LossReport]:
         total = masked_loss_sum(per_token_loss, loss_mask)
@@ -62,11 +69,22 @@ def make_loss_func(
 
 
 def reduce_reported_loss(reports: list[LossReport], global_loss_tokens: int,
-                         group: torch.distributed.ProcessGroup | None = None) -> float:
-    """The step's loss for logging: all ranks' token-loss sums / N (a collective over ``group``)."""
-    local = torch.zeros((), dtype=torch.float64)
+                         group: torch.distributed.ProcessGroup | None = None, *,
+                         check_tokens: bool = False) -> float:
+    """The step's loss for logging: all ranks' token-loss sums / N (a collective over ``group``).
+
+    ``check_tokens``: raise unless the loss masks hold N tokens in all (when the gradient is
+    divided by the counted tokens, as megatron-core DDP does, a wrong N would make the logged
+    loss and the gradient disagree).
+    """
+    local = torch.zeros(2, dtype=torch.float64)  # [token-loss sum, loss tokens]
     for report in reports:
-        local += report["loss_sum"]
+        local[0] += report["loss_sum"]
+        local[1] += report["loss_tokens"].to(torch.float64)
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(local, group=group)
-    return float(local.item()) / max(int(global_loss_tokens), 1)
+    counted = int(local[1].item())
+    if check_tokens and counted != int(global_loss_tokens):
+        raise ValueError(f"the loss masks hold {counted} loss tokens over all ranks but the "
+                         f"step metadata says num_loss_tokens={global_loss_tokens}")
+    return float(local[0].item()) / max(int(global_loss_tokens), 1)

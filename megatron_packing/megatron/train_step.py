@@ -3,20 +3,40 @@
 The number of micro-batches changes from step to step (the plan varies the batch size so the
 bin count divides by dp); megatron-core's schedules take ``num_microbatches`` per call, so each
 step passes its own count. Every rank gets the same count for a step, so collectives line up.
+
+Two model kinds, one entry point:
+
+* a plain module (the CPU demo): the loss is divided by the global loss-token count N from the
+  plan, gradients land in ``.grad`` and a custom ``finalize_model_grads_func`` SUMs them over DP;
+  any ``torch.optim`` optimizer steps them.
+* a megatron-core ``DistributedDataParallel`` model with a megatron-core optimizer (distributed
+  or not; see `megatron_packing.megatron.ddp`): gradients live in the DDP's ``main_grad``
+  buffers, so the step is Megatron-LM's: ``zero_grad_buffer()``, the schedule with Megatron's
+  own ``finalize_model_grads`` (reduce, then divide once by the all-reduced loss-token count;
+  the loss function returns raw token sums), then ``optimizer.step()`` for
+  ``(update_successful, grad_norm, num_zeros_in_grad)``; clipping is the optimizer config's.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from megatron_packing.collate import PackedBatch
-from megatron_packing.megatron.cpu_workarounds import cuda_factories_on_cpu
+from megatron_packing.megatron.cpu_workarounds import (
+    cuda_factories_on_cpu,
+    megatron_optimizer_compat,
+)
+from megatron_packing.megatron.ddp import is_megatron_ddp, wire_megatron_grad_sync
 from megatron_packing.megatron.loss import make_loss_func, reduce_reported_loss
 from megatron_packing.megatron.model import per_token_loss
+
+if TYPE_CHECKING:
+    from megatron.core.optimizer import MegatronOptimizer
 
 
 @dataclass
@@ -25,6 +45,8 @@ class StepResult:
     grad_norm: float
     lr: float
     num_micro_batches: int
+    update_successful: bool = True  # False when a megatron optimizer skipped the step (overflow)
+    num_zeros_in_grad: int | None = None  # megatron optimizer with log_num_zeros_in_grad
 
 
 def sum_gradients_across_dp(model: torch.nn.Module, group: dist.ProcessGroup | None = None) -> None:
@@ -62,10 +84,11 @@ def _finalize_grads_sum(group: dist.ProcessGroup | None):
 def forward_backward(model: torch.nn.Module, batch: PackedBatch, *,
                      dp_group: dist.ProcessGroup | None = None, thd: bool = False,
                      loss_from_logits: bool = False, forward_only: bool = False) -> float:
-    """Run this rank's micro-batches through the schedule; gradients end up DP-summed.
+    """Run this rank's micro-batches through the schedule; gradients end up DP-reduced.
 
     Returns the step's global loss (sum of token losses over all ranks / global loss tokens).
-    Gradients are accumulated into ``.grad`` (zero them first).
+    Plain module: gradients accumulate into ``.grad`` (zero them first). megatron-core DDP:
+    into the ``main_grad`` buffers (``zero_grad_buffer()`` first), finalized by Megatron.
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -77,13 +100,24 @@ def forward_backward(model: torch.nn.Module, batch: PackedBatch, *,
         raise ValueError(f"step {batch.meta.step}: {count} micro-batches but the plan says "
                          f"{batch.meta.micro_batches_per_rank} per rank")
     global_tokens = batch.meta.num_loss_tokens
+    ddp = is_megatron_ddp(model)
     config = model.config
-    config.finalize_model_grads_func = _finalize_grads_sum(dp_group)
+    if ddp:
+        if not config.calculate_per_token_loss:
+            raise ValueError("megatron DDP model with calculate_per_token_loss=False: the step "
+                             "needs True (finalize_model_grads divides by the token count)")
+        wire_megatron_grad_sync(model)
+        if not forward_only:
+            _drop_stale_grads(model)
+        loss_divisor = None  # finalize_model_grads divides by the all-reduced token count
+    else:
+        config.finalize_model_grads_func = _finalize_grads_sum(dp_group)
+        loss_divisor = global_tokens
 
     def forward_step(data_iterator, chunk):
         mb = next(data_iterator)
         losses = per_token_loss(chunk, mb, thd=thd, loss_from_logits=loss_from_logits)
-        return losses, make_loss_func(mb.loss_mask.to(losses.device), global_tokens)
+        return losses, make_loss_func(mb.loss_mask.to(losses.device), loss_divisor)
 
     with cuda_factories_on_cpu():
         reports = get_forward_backward_func()(
@@ -95,14 +129,37 @@ def forward_backward(model: torch.nn.Module, batch: PackedBatch, *,
             micro_batch_size=1,
             forward_only=forward_only,
         )
-    return reduce_reported_loss(reports, global_tokens, dp_group)
+    return reduce_reported_loss(reports, global_tokens, dp_group, check_tokens=ddp)
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: PackedBatch, *,
-               scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+def _drop_stale_grads(model: torch.nn.Module) -> None:
+    """Set ``.grad`` to None on a DDP model, as Megatron-LM's ``optimizer.zero_grad()`` does.
+
+    The megatron-core optimizer points ``param.grad`` at ``param.main_grad`` for its step; left
+    there, the next backward would accumulate into the buffer through ``.grad`` and the DDP hook
+    would add it once more (the first micro-batch counted twice).
+    """
+    for param in model.parameters():
+        param.grad = None
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer | MegatronOptimizer,
+               batch: PackedBatch, *, scheduler: object | None = None,
                dp_group: dist.ProcessGroup | None = None, clip_grad: float | None = None,
                thd: bool = False, loss_from_logits: bool = False) -> StepResult:
-    """Zero grads, forward/backward with DP-summed gradients, clip, optimizer step, LR step."""
+    """Zero grads, forward/backward with DP-reduced gradients, (clip,) optimizer step, LR step.
+
+    ``scheduler``: a torch LR scheduler (plain path), or megatron-core's
+    ``OptimizerParamScheduler`` (DDP path), stepped by the step's global rows as Megatron-LM
+    does, and only when the update succeeded.
+    """
+    if is_megatron_ddp(model):
+        return _train_step_megatron_ddp(model, optimizer, batch, scheduler=scheduler,
+                                        dp_group=dp_group, clip_grad=clip_grad, thd=thd,
+                                        loss_from_logits=loss_from_logits)
+    if _is_megatron_optimizer(optimizer):
+        raise TypeError("a megatron-core optimizer needs a megatron-core DistributedDataParallel "
+                        "model (its main_grad buffers); wrap the model with ddp.wrap_in_ddp")
     optimizer.zero_grad(set_to_none=True)
     loss = forward_backward(model, batch, dp_group=dp_group, thd=thd,
                             loss_from_logits=loss_from_logits)
@@ -116,6 +173,46 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
     if scheduler is not None:
         scheduler.step()
     return StepResult(loss=loss, grad_norm=norm, lr=lr, num_micro_batches=len(batch.micro_batches))
+
+
+def _is_megatron_optimizer(optimizer: object) -> bool:
+    from megatron.core.optimizer import MegatronOptimizer
+
+    return isinstance(optimizer, MegatronOptimizer)
+
+
+def _train_step_megatron_ddp(model: torch.nn.Module, optimizer: MegatronOptimizer,
+                             batch: PackedBatch, *, scheduler: object | None,
+                             dp_group: dist.ProcessGroup | None, clip_grad: float | None,
+                             thd: bool, loss_from_logits: bool) -> StepResult:
+    """Megatron-LM's ``train_step`` for one packed step: the gradients are never in ``.grad``."""
+    if not _is_megatron_optimizer(optimizer):
+        raise TypeError(f"a megatron-core DistributedDataParallel model needs a megatron-core "
+                        f"optimizer (ddp.build_megatron_optimizer), got "
+                        f"{type(optimizer).__name__}: it would read the empty .grad and skip "
+                        f"the update")
+    if clip_grad:
+        raise ValueError(f"clip_grad={clip_grad} is not used with a megatron-core optimizer; "
+                         "set OptimizerConfig.clip_grad instead")
+    model.zero_grad_buffer()
+    optimizer.zero_grad()
+    model.config.grad_scale_func = optimizer.scale_loss
+    loss = forward_backward(model, batch, dp_group=dp_group, thd=thd,
+                            loss_from_logits=loss_from_logits)
+    lr = float(optimizer.param_groups[0]["lr"])
+    with megatron_optimizer_compat():
+        update_successful, grad_norm, num_zeros = optimizer.step()
+    if update_successful and scheduler is not None:
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        if not isinstance(scheduler, OptimizerParamScheduler):
+            raise TypeError(f"with a megatron-core optimizer the scheduler must be megatron-core's "
+                            f"OptimizerParamScheduler, got {type(scheduler).__name__}")
+        scheduler.step(increment=batch.meta.num_bins)  # global rows: micro-batches x dp
+    return StepResult(loss=loss, grad_norm=float(grad_norm) if grad_norm is not None else math.nan,
+                      lr=lr, num_micro_batches=len(batch.micro_batches),
+                      update_successful=bool(update_successful),
+                      num_zeros_in_grad=None if num_zeros is None else int(num_zeros))
 
 
 def warmup_cosine(optimizer: torch.optim.Optimizer, *, total_steps: int, warmup_steps: int,
