@@ -66,20 +66,30 @@ def build_megatron_optimizer(model: DistributedDataParallel, optimizer_config: O
         return get_megatron_optimizer(optimizer_config, [model], **kwargs)
 
 
-def wire_megatron_grad_sync(model: DistributedDataParallel) -> None:
+def wire_megatron_grad_sync(model: DistributedDataParallel | list[DistributedDataParallel], *,
+                            align_grad_reduce: bool = True,
+                            align_param_gather: bool = True) -> None:
     """Set the schedule's grad-sync hooks on the model config as Megatron-LM's ``train()`` does.
 
-    ``finalize_model_grads`` always; ``no_sync_func`` / ``grad_sync_func`` only with
-    ``overlap_grad_reduce`` (then backward starts bucket reductions as grads become ready and
-    the schedule holds them off until the last micro-batch); ``param_sync_func`` only with
+    ``model`` is one DDP module or the list of model chunks. ``finalize_model_grads`` always;
+    ``no_sync_func`` (and, when aligned, ``grad_sync_func``) only with ``overlap_grad_reduce``:
+    backward then starts bucket reductions as grads become ready and the schedule holds them
+    off until the last micro-batch; ``param_sync_func`` only with an aligned
     ``overlap_param_gather``. `train_step` also sets ``grad_scale_func`` to the optimizer's.
     """
     from megatron.core.distributed import finalize_model_grads
 
-    config = model.config
-    ddp_config = model.ddp_config
+    chunks = model if isinstance(model, list) else [model]
+
+    def hook(name: str) -> Any:
+        hooks = [getattr(chunk, name) for chunk in chunks]
+        return hooks[0] if len(hooks) == 1 else hooks
+
+    config = chunks[0].config
+    ddp_config = chunks[0].ddp_config
     config.finalize_model_grads_func = finalize_model_grads
     overlap = ddp_config.overlap_grad_reduce
-    config.no_sync_func = model.no_sync if overlap else None
-    config.grad_sync_func = model.start_grad_sync if overlap else None
-    config.param_sync_func = model.start_param_sync if ddp_config.overlap_param_gather else None
+    config.no_sync_func = hook("no_sync") if overlap else None
+    config.grad_sync_func = hook("start_grad_sync") if overlap and align_grad_reduce else None
+    config.param_sync_func = (hook("start_param_sync")
+                              if ddp_config.overlap_param_gather and align_param_gather else None)

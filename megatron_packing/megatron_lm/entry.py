@@ -155,18 +155,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _wire_grad_sync(model: list[Any], optimizer: Any, args: Any) -> None:
     """What Megatron-LM's ``train()`` sets on the model config before its first step."""
-    from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
     from megatron.core.utils import get_model_config
 
-    config = get_model_config(model[0])
-    config.grad_scale_func = optimizer.scale_loss
-    if isinstance(model[0], DistributedDataParallel) and args.overlap_grad_reduce:
-        sync = [chunk.no_sync for chunk in model]
-        config.no_sync_func = sync[0] if len(model) == 1 else sync
-        if args.align_grad_reduce:
-            grad_sync = [chunk.start_grad_sync for chunk in model]
-            config.grad_sync_func = grad_sync[0] if len(model) == 1 else grad_sync
-    if args.overlap_param_gather and args.align_param_gather:
-        param_sync = [chunk.start_param_sync for chunk in model]
-        config.param_sync_func = param_sync[0] if len(model) == 1 else param_sync
-    config.finalize_model_grads_func = finalize_model_grads
+    from megatron_packing.megatron.ddp import wire_megatron_grad_sync
+
+    wire_megatron_grad_sync(model, align_grad_reduce=args.align_grad_reduce,
+                            align_param_gather=args.align_param_gather)
+    get_model_config(model[0]).grad_scale_func = optimizer.scale_loss
