@@ -29,7 +29,7 @@ def add_packing_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     group.add_argument("--packing-num-workers", type=int, default=0,
                        help="DataLoader worker processes per rank (0: fetch in the main process)")
     group.add_argument("--packing-log-dir", default=None,
-                       help="write one JSONL of per-step records per data-parallel rank here")
+                       help="write one JSONL of per-step records per rank here (examples, counts, loss, LR)")
     return parser
 
 

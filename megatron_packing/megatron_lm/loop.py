@@ -107,24 +107,25 @@ def run_step(batch: PackedBatch, *, model: list[Any], optimizer: Any, scheduler:
 
 
 class StepLog:
-    """Per-step JSONL records, one file per DP rank (written by TP/CP rank 0 of the last stage)."""
+    """Per-step JSONL records, one file per rank, naming the rank's DP/TP/PP/CP coordinates."""
 
     def __init__(self, directory: str | None) -> None:
         from megatron.core import parallel_state as ps
 
-        writer = (directory is not None and ps.get_tensor_model_parallel_rank() == 0
-                  and ps.get_context_parallel_rank() == 0
-                  and ps.is_pipeline_last_stage(ignore_virtual=True))
         self._path = None
-        if writer:
+        if directory is not None:
             Path(directory).mkdir(parents=True, exist_ok=True)
-            self._path = Path(directory) / f"steps_dp{ps.get_data_parallel_rank()}.jsonl"
+            self._path = Path(directory) / f"steps_rank{torch.distributed.get_rank()}.jsonl"
+            self._where = {"dp": ps.get_data_parallel_rank(),
+                           "tp": ps.get_tensor_model_parallel_rank(),
+                           "pp": ps.get_pipeline_model_parallel_rank(),
+                           "cp": ps.get_context_parallel_rank()}
 
     def write(self, record: dict[str, Any]) -> None:
         if self._path is None:
             return
         with open(self._path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps({**self._where, **record}) + "\n")
 
 
 def log_to_writers(metrics: dict[str, float], iteration: int) -> None:
@@ -192,6 +193,7 @@ def train(args: Any, *, model: list[Any], optimizer: Any, scheduler: Any, stream
         log.write({
             "iteration": iteration, "epoch": batch.meta.epoch,
             "examples": [list(row.example_indices) for row in batch.micro_batches],
+            "row_lengths": [int(row.tokens.shape[1]) for row in batch.micro_batches],
             "num_examples": batch.meta.num_examples, "num_bins": batch.meta.num_bins,
             "micro_batches": outcome.micro_batches, "seq_length": outcome.seq_length,
             "loss": outcome.loss, "lr": outcome.lr, "grad_norm": outcome.grad_norm,
