@@ -19,10 +19,13 @@ import torch.distributed as dist
 
 from megatron_packing.collate import PackedMicroBatch
 
-# Key order matters: ``get_batch`` pops the THD keys and returns ``(*batch.values(), params)``
-# as (tokens, labels, loss_mask, attention_mask, position_ids).
+# What the TP broadcast returns, in this order: ``get_batch`` pops the THD keys and returns
+# ``(*batch.values(), params)`` as (tokens, labels, loss_mask, attention_mask, position_ids).
 LM_BATCH_KEYS = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids",
                  "cu_seqlens", "cu_seqlens_padded", "max_seqlen")
+# What the data iterator yields: no ``attention_mask`` key, because Megatron-LM's
+# ``get_batch_on_this_tp_rank`` calls ``.cuda()`` on it whenever the key is present.
+LM_ITERATOR_KEYS = tuple(k for k in LM_BATCH_KEYS if k != "attention_mask")
 _ROW_DTYPES = {"tokens": torch.int64, "labels": torch.int64, "loss_mask": torch.float32,
                "position_ids": torch.int64}
 _BOUNDARY_KEYS = ("cu_seqlens", "cu_seqlens_padded", "max_seqlen")
@@ -50,14 +53,16 @@ def _check_row(mb: PackedMicroBatch) -> int:
 
 
 def to_megatron_lm_batch(mb: PackedMicroBatch, device: torch.device | str | None = None
-                         ) -> dict[str, torch.Tensor | None]:
-    """One packed row as Megatron-LM's ``get_batch`` reads it (THD path, micro-batch size 1).
+                         ) -> dict[str, torch.Tensor]:
+    """One packed row as Megatron-LM's data iterator yields it (THD path, micro-batch size 1).
 
     tokens / labels / position_ids ``[1, T]`` int64, loss_mask ``[1, T]`` float32,
-    attention_mask None (TE builds the causal THD mask from the boundaries), ``cu_seqlens`` and
-    ``cu_seqlens_padded`` ``[1, n + 1]`` int32 (``get_batch_on_this_tp_rank`` asserts int32 and a
-    leading dimension of 1), ``max_seqlen`` ``[1]`` int32 (``get_batch`` asserts one dimension
-    and reads ``max_seqlen[0]``).
+    ``cu_seqlens`` and ``cu_seqlens_padded`` ``[1, n + 1]`` int32 (``get_batch_on_this_tp_rank``
+    asserts int32 and a leading dimension of 1), ``max_seqlen`` ``[1]`` int32 (``get_batch``
+    asserts one dimension and reads ``max_seqlen[0]``). No ``attention_mask`` key: the TP step
+    sets it to None (TE builds the causal THD mask from the boundaries); a None value under
+    that key would crash Megatron-LM's own TP step. `broadcast_batch_across_tp` turns this
+    into ``get_batch``'s layout, `LM_BATCH_KEYS`.
     """
     _check_row(mb)
 
@@ -68,7 +73,6 @@ def to_megatron_lm_batch(mb: PackedMicroBatch, device: torch.device | str | None
         "tokens": put(mb.tokens, torch.int64),
         "labels": put(mb.labels, torch.int64),
         "loss_mask": put(mb.loss_mask, torch.float32),
-        "attention_mask": None,
         "position_ids": put(mb.position_ids, torch.int64),
         "cu_seqlens": put(mb.cu_seqlens.reshape(1, -1), torch.int32),
         "cu_seqlens_padded": put(mb.cu_seqlens_padded.reshape(1, -1), torch.int32),
@@ -130,9 +134,10 @@ def broadcast_batch_across_tp(batch: Mapping[str, Any] | None,
                               src_rank: int | None = None) -> dict[str, torch.Tensor | None]:
     """Give every rank of a tensor-parallel group the batch its source rank holds.
 
-    The source passes a `to_megatron_lm_batch` dict, the others pass None. A header
-    ``[T, n + 1, has_mask]`` goes first, so rows may change length and sequence count every
-    micro-batch; then four payload broadcasts (int64 rows, loss mask, int32 boundaries with
+    The source passes a `to_megatron_lm_batch` dict (optionally with a boolean
+    ``attention_mask``), the others pass None; all get ``get_batch``'s layout `LM_BATCH_KEYS`.
+    A header ``[T, n + 1, has_mask]`` goes first, so rows may change length and sequence count
+    every micro-batch; then up to four payload broadcasts (int64 rows, loss mask, int32 boundaries with
     ``max_seqlen`` and, when present, the boolean mask). ``cu_seqlens_padded`` and ``max_seqlen``
     arrive on every rank. Defaults: megatron-core's TP group and its source rank (a global rank).
     Tensors come back on the device the group's backend moves (CUDA for NCCL, else CPU).

@@ -12,6 +12,7 @@ from lm_rows import pack_row, random_rows
 
 from megatron_packing.megatron.lm_batch import (
     LM_BATCH_KEYS,
+    LM_ITERATOR_KEYS,
     batch_for_cp_rank,
     broadcast_batch_across_tp,
     cp_partition_indices,
@@ -27,17 +28,32 @@ def _padded_row():
     return pack_row([[5, 6, 7], [8, 9], [1, 2, 3, 4, 5]], seq_multiple=4)
 
 
+@pytest.fixture(scope="module")
+def solo_group():
+    """A one-rank gloo group: its rank is its own TP source."""
+    import torch.distributed as dist
+
+    from megatron_packing.megatron.launch import free_port
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1)
+    try:
+        yield dist.new_group([0])
+    finally:
+        dist.destroy_process_group()
+
+
 # ----------------------------------------------------------------------------- Megatron-LM dict
 
 def test_megatron_lm_batch_keys_dtypes_shapes():
     row = _padded_row()
     batch = to_megatron_lm_batch(row)
-    assert tuple(batch) == LM_BATCH_KEYS
+    assert tuple(batch) == LM_ITERATOR_KEYS
+    assert "attention_mask" not in batch  # Megatron-LM's TP step would call None.cuda()
     for key, dtype in (("tokens", torch.int64), ("labels", torch.int64),
                        ("loss_mask", torch.float32), ("position_ids", torch.int64)):
         assert batch[key].dtype == dtype and batch[key].shape == (1, 16), key
         assert torch.equal(batch[key], getattr(row, key).to(dtype))
-    assert batch["attention_mask"] is None
     assert batch["cu_seqlens"].dtype == batch["cu_seqlens_padded"].dtype == torch.int32
     assert batch["cu_seqlens"].tolist() == [[0, 3, 5, 10]]
     assert batch["cu_seqlens_padded"].tolist() == [[0, 4, 8, 16]]
@@ -45,8 +61,8 @@ def test_megatron_lm_batch_keys_dtypes_shapes():
     assert batch["max_seqlen"].shape == (1,) and batch["max_seqlen"].tolist() == [8]
 
 
-def test_megatron_lm_batch_through_megatron_thd_path():
-    """What ``pretrain_gpt.get_batch`` does after the TP broadcast, with megatron-core's function.
+def test_megatron_lm_batch_through_megatron_thd_path(solo_group):
+    """Our TP step, then what ``pretrain_gpt.get_batch`` does next, with megatron-core's function.
 
     Replays pretrain_gpt.py (core_v0.16.1) lines 80-97: pop the THD keys, assert
     ``max_seqlen.dim() == 1``, call ``get_thd_batch_on_this_cp_rank`` (cp = 1 runs on CPU) and
@@ -55,7 +71,7 @@ def test_megatron_lm_batch_through_megatron_thd_path():
     from megatron.core.utils import get_thd_batch_on_this_cp_rank
 
     row = _padded_row()
-    batch = to_megatron_lm_batch(row)
+    batch = broadcast_batch_across_tp(to_megatron_lm_batch(row), group=solo_group)
     cu_seqlens = batch.pop("cu_seqlens", None)
     cu_seqlens_padded = batch.pop("cu_seqlens_padded", None)
     max_seqlen = batch.pop("max_seqlen", None)
@@ -83,18 +99,27 @@ def test_megatron_lm_batch_rejects_boundaries_that_miss_the_row():
 
 # ----------------------------------------------------------------------------- TP broadcast
 
-@pytest.mark.slow
-def test_tp_broadcast_keeps_padded_boundaries(tmp_path):
-    from tp_workers import NUM_ROWS, ROWS_SEED, broadcast_rows, spawn_tensor_parallel
+@pytest.fixture(scope="module")
+def tp_run(tmp_path_factory) -> Path:
+    """One 2-rank TP group (gloo) runs our broadcast, then Megatron-LM's own when available."""
+    from tp_workers import broadcast_rows_then_megatron, spawn_tensor_parallel
 
-    spawn_tensor_parallel(broadcast_rows, 2, str(tmp_path))
+    out = tmp_path_factory.mktemp("tp")
+    spawn_tensor_parallel(broadcast_rows_then_megatron, 2, str(out))
+    return out
+
+
+@pytest.mark.slow
+def test_tp_broadcast_keeps_padded_boundaries(tp_run):
+    from tp_workers import NUM_ROWS, ROWS_SEED
+
     expected = [to_megatron_lm_batch(r) for r in random_rows(NUM_ROWS, seed=ROWS_SEED)]
     lengths = {b["tokens"].shape[1] for b in expected}
     counts = {b["cu_seqlens"].numel() for b in expected}
     assert len(lengths) > 1 and len(counts) > 1, "rows must vary in length and sequence count"
     assert any(not torch.equal(b["cu_seqlens"], b["cu_seqlens_padded"]) for b in expected)
     for rank in (0, 1):
-        got = torch.load(Path(tmp_path, f"rank{rank}.pt"))
+        got = torch.load(Path(tp_run, f"rank{rank}.pt"))
         assert len(got) == NUM_ROWS
         for want, have in zip(expected, got, strict=True):
             assert tuple(have) == LM_BATCH_KEYS
@@ -106,30 +131,39 @@ def test_tp_broadcast_keeps_padded_boundaries(tmp_path):
                 assert torch.equal(have[key], want[key]), (rank, key)
 
 
-def test_tp_broadcast_source_must_hold_a_batch():
-    import torch.distributed as dist
+@pytest.mark.slow
+def test_megatron_lm_tp_broadcast_drops_padded_boundaries(tp_run):
+    """Megatron-LM's ``get_batch_on_this_tp_rank`` (core_v0.16.1) run on 2 gloo ranks."""
+    from tp_workers import MEGATRON_LM_DIR, MEGATRON_TP_FILE, NUM_ROWS, ROWS_SEED
 
-    from megatron_packing.megatron.launch import free_port
+    if not Path(tp_run, MEGATRON_TP_FILE.format(0)).exists():
+        pytest.skip(f"no Megatron-LM checkout at {MEGATRON_LM_DIR} (set MEGATRON_LM_DIR)")
+    row = random_rows(NUM_ROWS, seed=ROWS_SEED)[0]
+    assert not torch.equal(row.cu_seqlens, row.cu_seqlens_padded)
+    for rank in (0, 1):
+        got = torch.load(Path(tp_run, MEGATRON_TP_FILE.format(rank)))
+        assert torch.equal(got["tokens"], row.tokens), rank
+        assert torch.equal(got["cu_seqlens"].reshape(-1), row.cu_seqlens), rank
+        # The padded boundaries are gone on every rank, so get_batch would pass
+        # cu_seqlens_padded=None on to THD attention and CP slicing.
+        assert "cu_seqlens_padded" not in got, rank
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
-                            world_size=1)
-    try:
-        group = dist.new_group([0])
-        with pytest.raises(ValueError, match="TP source and must pass a batch"):
-            broadcast_batch_across_tp(None, group=group)
-        batch = to_megatron_lm_batch(_padded_row())
-        batch["loss_mask"] = batch["loss_mask"].double()
-        with pytest.raises(ValueError, match="loss_mask.*expected torch.float32"):
-            broadcast_batch_across_tp(batch, group=group)
-        batch = to_megatron_lm_batch(_padded_row())
-        batch["num_loss_tokens"] = torch.tensor(7)
-        with pytest.raises(ValueError, match="num_loss_tokens"):
-            broadcast_batch_across_tp(batch, group=group)
-        # A group of one is its own source: the batch comes back whole.
-        same = broadcast_batch_across_tp(to_megatron_lm_batch(_padded_row()), group=group)
-        assert torch.equal(same["cu_seqlens_padded"], torch.tensor([[0, 4, 8, 16]], dtype=torch.int32))
-    finally:
-        dist.destroy_process_group()
+
+def test_tp_broadcast_checks_the_source_batch(solo_group):
+    with pytest.raises(ValueError, match="TP source and must pass a batch"):
+        broadcast_batch_across_tp(None, group=solo_group)
+    batch = to_megatron_lm_batch(_padded_row())
+    batch["loss_mask"] = batch["loss_mask"].double()
+    with pytest.raises(ValueError, match="loss_mask.*expected torch.float32"):
+        broadcast_batch_across_tp(batch, group=solo_group)
+    batch = to_megatron_lm_batch(_padded_row())
+    batch["num_loss_tokens"] = torch.tensor(7)
+    with pytest.raises(ValueError, match="num_loss_tokens"):
+        broadcast_batch_across_tp(batch, group=solo_group)
+    # A group of one is its own source: the batch comes back whole, in get_batch's layout.
+    same = broadcast_batch_across_tp(to_megatron_lm_batch(_padded_row()), group=solo_group)
+    assert tuple(same) == LM_BATCH_KEYS and same["attention_mask"] is None
+    assert same["cu_seqlens_padded"].tolist() == [[0, 4, 8, 16]]
 
 
 # ----------------------------------------------------------------------------- CP partitioning
