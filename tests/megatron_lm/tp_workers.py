@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -43,9 +44,22 @@ def _entry(rank: int, fn: Callable[[int, str], None], world: int, port: int, out
         dist.destroy_process_group()
 
 
-def spawn_tensor_parallel(fn: Callable[[int, str], None], world: int, out_dir: str) -> None:
-    """Run ``fn(rank, out_dir)`` on ``world`` processes that form a single TP group."""
-    mp.spawn(_entry, args=(fn, world, free_port(), out_dir), nprocs=world, join=True)
+def spawn_tensor_parallel(fn: Callable[[int, str], None], world: int, out_dir: str,
+                          timeout_s: float = 300.0) -> None:
+    """Run ``fn(rank, out_dir)`` on ``world`` processes that form a single TP group.
+
+    Mismatched collectives hang rather than fail, so ranks still running after ``timeout_s``
+    are terminated and the call raises.
+    """
+    context = mp.start_processes(_entry, args=(fn, world, free_port(), out_dir), nprocs=world,
+                                 join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                if process.is_alive():
+                    process.terminate()
+            raise TimeoutError(f"TP ranks did not finish within {timeout_s} s (collective mismatch?)")
 
 
 def broadcast_rows(rank: int, out_dir: str) -> None:
