@@ -8,7 +8,8 @@ restart at every sequence. Both keep attention from leaking across packed sequen
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -18,20 +19,57 @@ if TYPE_CHECKING:
     from megatron.core.packed_seq_params import PackedSeqParams
 
 
-def packed_seq_params(mb: PackedMicroBatch, device: torch.device | str | None = None) -> PackedSeqParams:
-    """THD `PackedSeqParams` for one row: real and padded boundaries, one max length for q and kv."""
+def default_device() -> torch.device:
+    """The current CUDA device when CUDA is available, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _as_int(value: int | torch.Tensor, name: str) -> int:
+    """A plain int from an int or a one-element tensor (Megatron-LM sends ``max_seqlen`` as [1])."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"{name} must hold one value, got shape {tuple(value.shape)}")
+        return int(value.reshape(-1)[0].item())
+    return int(value)
+
+
+def packed_seq_params(source: PackedMicroBatch | Mapping[str, Any],
+                      device: torch.device | str | None = None) -> PackedSeqParams:
+    """THD `PackedSeqParams` for one row: real and padded boundaries, one max length for q and kv.
+
+    ``source`` is a `PackedMicroBatch` or a batch dict with ``cu_seqlens``, ``max_seqlen`` (an
+    int or a one-element int32 tensor, as in `lm_batch.to_megatron_lm_batch`) and optionally
+    ``cu_seqlens_padded`` (default: the real boundaries). Boundaries become 1-D int32, the
+    shape TE reads, on ``device`` (default: the current CUDA device if any, else the CPU).
+    """
     from megatron.core.packed_seq_params import PackedSeqParams
 
-    cu = mb.cu_seqlens.to(device=device, dtype=torch.int32)
-    cu_padded = mb.cu_seqlens_padded.to(device=device, dtype=torch.int32)
+    if isinstance(source, PackedMicroBatch):
+        cu, cu_padded, max_seqlen = source.cu_seqlens, source.cu_seqlens_padded, source.max_seqlen
+    else:
+        for key in ("cu_seqlens", "max_seqlen"):
+            if source.get(key) is None:
+                raise ValueError(f"batch has no {key!r}; a THD batch needs cu_seqlens and max_seqlen")
+        cu, max_seqlen = source["cu_seqlens"], source["max_seqlen"]
+        padded = source.get("cu_seqlens_padded")
+        cu_padded = cu if padded is None else padded
+    device = default_device() if device is None else device
+    cu = cu.reshape(-1).to(device=device, dtype=torch.int32)
+    cu_padded = cu_padded.reshape(-1).to(device=device, dtype=torch.int32)
+    if cu.numel() != cu_padded.numel():
+        raise ValueError(f"cu_seqlens has {cu.numel()} entries, cu_seqlens_padded "
+                         f"{cu_padded.numel()}: they must match")
+    longest = _as_int(max_seqlen, "max_seqlen")
     return PackedSeqParams(
         qkv_format="thd",
         cu_seqlens_q=cu,
         cu_seqlens_kv=cu,
         cu_seqlens_q_padded=cu_padded,
         cu_seqlens_kv_padded=cu_padded,
-        max_seqlen_q=int(mb.max_seqlen),
-        max_seqlen_kv=int(mb.max_seqlen),
+        max_seqlen_q=longest,
+        max_seqlen_kv=longest,
     )
 
 
