@@ -39,17 +39,34 @@ def masked_loss_sum(per_token_loss: torch.Tensor, loss_mask: torch.Tensor) -> to
     return (per_token_loss * mask).sum()
 
 
+def loss_divisor(global_loss_tokens: int | None) -> float:
+    """N as a divisor: refuse an unknown (None) or negative count instead of guessing one.
+
+    A step with N = 0 trains nothing (every loss term is zero), so 1 is used to avoid 0 / 0.
+    """
+    if global_loss_tokens is None:
+        raise ValueError(
+            "the step's global loss-token count is unknown (None), so the loss cannot be divided "
+            "by it: build the sampler with loss_token_counts (a dataset with a length index, "
+            "e.g. load_sft_dataset, provides them) instead of dividing by a guess"
+        )
+    if isinstance(global_loss_tokens, bool) or int(global_loss_tokens) != global_loss_tokens \
+            or global_loss_tokens < 0:
+        raise ValueError(f"global_loss_tokens must be a count >= 0, got {global_loss_tokens!r}")
+    return float(max(int(global_loss_tokens), 1))
+
+
 def make_loss_func(
-    loss_mask: torch.Tensor, global_loss_tokens: int, *, grad_reduce_divisor: int = 1
+    loss_mask: torch.Tensor, global_loss_tokens: int | None, *, grad_reduce_divisor: int = 1
 ) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, LossReport]]:
     """Loss function for one micro-batch, in the schedule's 3-tuple protocol.
 
-    ``global_loss_tokens`` is N from the step's metadata. ``grad_reduce_divisor`` is the factor
+    ``global_loss_tokens`` is N from the step's metadata; ``None`` (unknown) is refused. ``grad_reduce_divisor`` is the factor
     by which the DP gradient reduction divides (1 for a SUM reduction, dp for an averaging one);
     the loss is multiplied by it so that the reduced gradient is still the global one.
     Needs ``calculate_per_token_loss=True`` in the model config (no division by micro-batches).
     """
-    divisor = float(max(int(global_loss_tokens), 1))
+    divisor = loss_divisor(global_loss_tokens)
 
     def loss_func(per_token_loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, LossReport]:
         total = masked_loss_sum(per_token_loss, loss_mask)
@@ -61,12 +78,13 @@ def make_loss_func(
     return loss_func
 
 
-def reduce_reported_loss(reports: list[LossReport], global_loss_tokens: int,
+def reduce_reported_loss(reports: list[LossReport], global_loss_tokens: int | None,
                          group: torch.distributed.ProcessGroup | None = None) -> float:
     """The step's loss for logging: all ranks' token-loss sums / N (a collective over ``group``)."""
+    divisor = loss_divisor(global_loss_tokens)
     local = torch.zeros((), dtype=torch.float64)
     for report in reports:
         local += report["loss_sum"]
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(local, group=group)
-    return float(local.item()) / max(int(global_loss_tokens), 1)
+    return float(local.item()) / divisor
