@@ -133,14 +133,18 @@ def test_corrupted_cache_is_refused(corrupt, file, tok, tmp_path):
     assert str(entry / file) in msg and "delete the cache entry" in msg
 
 
-def test_cache_sizes_checked_without_checksums(tok, tmp_path):
-    """Workers reopen stores without checksums; the cheap checks still catch a bad sum."""
+@pytest.mark.parametrize(("corrupt", "message"), [
+    (_divide_lengths, r"lengths.npy: example 0 has length \d+ but offsets.npy spans \d+ tokens"),
+    (_double_loss_counts, r"loss_token_counts.npy: sums to \d+ loss tokens, but meta.json records \d+"),
+], ids=["lengths_div3", "doubled_loss_counts"])
+def test_cache_checked_cheaply_without_checksums(corrupt, message, tok, tmp_path):
+    """Workers reopen stores without checksums; the cheap checks still catch these."""
     from megatron_packing.data.store import TokenStore
 
     ds = load(small_data(tmp_path), tok, tmp_path / "cache")
     entry = Path(ds.index_paths[0])
-    _double_loss_counts(entry)
-    with pytest.raises(CorruptStoreError, match="meta.json records"):
+    corrupt(entry)
+    with pytest.raises(CorruptStoreError, match=message):
         TokenStore(entry, verify_checksums=False)
 
 
