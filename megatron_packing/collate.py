@@ -52,7 +52,7 @@ class StepMetadata:
     epoch: int
     num_examples: int  # real examples in the global batch (train/actual_batch_size)
     num_tokens: int  # real tokens in the global batch
-    num_loss_tokens: int  # tokens trained on, global: the loss divisor
+    num_loss_tokens: int | None  # tokens trained on, global: the loss divisor (None: unknown)
     num_bins: int  # micro-batches over all ranks (a multiple of dp)
     num_padding_bins: int  # bins added beyond the packer's count to reach a multiple of dp
     num_placeholder_bins: int  # bins with no example at all (zero-loss placeholder rows)
@@ -204,7 +204,7 @@ def step_metadata(plan: Any) -> StepMetadata:
         epoch=plan.epoch,
         num_examples=plan.num_examples,
         num_tokens=plan.num_tokens,
-        num_loss_tokens=-1 if plan.num_loss_tokens is None else plan.num_loss_tokens,
+        num_loss_tokens=plan.num_loss_tokens,
         num_bins=plan.num_bins,
         num_padding_bins=plan.padding_bins,
         num_placeholder_bins=plan.placeholder_bins,

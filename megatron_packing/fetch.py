@@ -4,12 +4,24 @@ The DataLoader passes the batch sampler's output (indices with a plan attached, 
 is itself the plan) to the dataset's ``__getitems__``. `PlannedDataset` reads exactly those
 examples and returns them with the plan, in worker processes as well as in the main one. Both
 the packed and the padded mode fetch through it.
+
+Every fetched example is checked against what the plan was made from: the dataset's length
+index (``lengths``, ``loss_token_counts``). A store changed or corrupted after planning would
+otherwise give rows longer than the capacity or a wrong loss divisor without any error. An
+example cut short by the ``truncate`` oversize policy must keep at least one loss target: one
+whose prompt alone fills the capacity would train nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+import numpy as np
+
+
+class FetchedExampleError(ValueError):
+    """A fetched example that disagrees with its plan (or would train nothing)."""
 
 
 class PlannedExamples(list):
@@ -30,10 +42,16 @@ class PlannedExamples(list):
 
 
 class PlannedDataset:
-    """Wraps a map-style dataset; batched fetches keep the batch sampler's plan."""
+    """Wraps a map-style dataset; batched fetches keep the batch sampler's plan.
 
-    def __init__(self, dataset: Any) -> None:
+    ``verify`` (default on) checks every fetched example against the dataset's length index
+    when it has one (see the module docstring); ``benchmarks/bench_fetch_checks.py`` measures
+    the cost.
+    """
+
+    def __init__(self, dataset: Any, *, verify: bool = True) -> None:
         self.dataset = dataset
+        self.verify = verify
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -48,6 +66,60 @@ class PlannedDataset:
         else:
             examples = [self.dataset[int(i)] for i in indices]
         plan = getattr(indices, "plan", None)
+        if self.verify:
+            check_fetched(self.dataset, indices, examples, getattr(plan, "truncated", None) or {})
         if plan is None:
             return examples
         return PlannedExamples(examples, indices, plan, getattr(indices, "dp_rank", None))
+
+
+def _origin(dataset: Any, index: int) -> str:
+    describe = getattr(dataset, "example_origin", None)
+    return f"example {index} ({describe(index)})" if callable(describe) else f"example {index}"
+
+
+def check_fetched(dataset: Any, indices: Sequence[int], examples: Sequence[Any],
+                  truncated: Mapping[int, int]) -> None:
+    """Raise :class:`FetchedExampleError` for an example that disagrees with the length index.
+
+    Checks, per example: ids and mask have the same length, the length equals
+    ``dataset.lengths[i]`` and the loss targets (``mask[1:]``) number
+    ``dataset.loss_token_counts[i]``; an example the plan truncates to ``k`` tokens keeps at
+    least one loss target among them. Datasets without an index are not checked.
+    """
+    lengths = getattr(dataset, "lengths", None)
+    counts = getattr(dataset, "loss_token_counts", None)
+    if lengths is None or counts is None:
+        return
+    idx = np.fromiter((int(i) for i in indices), dtype=np.int64, count=len(indices))
+    want_len = np.asarray(lengths)[idx]
+    want_loss = np.asarray(counts)[idx]
+    for k, example in enumerate(examples):
+        ids, mask = example["input_ids"], example.get("loss_mask")
+        n = len(ids)
+        if n != want_len[k] or (mask is not None and len(mask) != n):
+            raise FetchedExampleError(
+                f"{_origin(dataset, int(idx[k]))}: fetched {n} token ids and "
+                f"{'no' if mask is None else len(mask)} mask values, but the length index planned "
+                f"{int(want_len[k])} tokens; the data changed or was corrupted after the index was "
+                "built: delete its cache entry (or re-save the pre-tokenized data) and restart"
+            )
+        if mask is None:
+            continue
+        loss = int(np.count_nonzero(mask[1:]))
+        if loss != want_loss[k]:
+            raise FetchedExampleError(
+                f"{_origin(dataset, int(idx[k]))}: its loss mask has {loss} loss targets, but the "
+                f"length index records {int(want_loss[k])} (the loss divisor was planned from it); "
+                "the data changed or was corrupted after the index was built: delete its cache "
+                "entry (or re-save the pre-tokenized data) and restart"
+            )
+        keep = truncated.get(int(idx[k]))
+        if keep is not None and not np.count_nonzero(mask[1:keep]):
+            raise FetchedExampleError(
+                f"{_origin(dataset, int(idx[k]))}: oversize_policy 'truncate' keeps its first {keep} "
+                f"of {n} tokens and none of them is a loss target (the prompt alone fills the "
+                "capacity), so it would train nothing. Raise bin_capacity, or drop and count such "
+                f"examples when loading: load_sft_dataset(..., max_length={keep}, "
+                "on_bad_record='skip') skips them as no_loss_tokens"
+            )

@@ -35,7 +35,6 @@ def step_metrics(meta: StepMetadata, *, loss: float | None = None,
     metrics: dict[str, float] = {
         "train/actual_batch_size": int(meta.num_examples),
         "train/actual_num_tokens": int(meta.num_tokens),
-        "train/loss_tokens": int(meta.num_loss_tokens),
         "train/bins": int(meta.num_bins),
         "train/padding_bins": int(meta.num_padding_bins),
         "train/token_fill": float(meta.token_fill),
@@ -49,6 +48,8 @@ def step_metrics(meta: StepMetadata, *, loss: float | None = None,
         metrics["train/loss"] = float(loss)
     if lr is not None:
         metrics["train/lr"] = float(lr)
+    if meta.num_loss_tokens is not None:  # unknown counts are left out, never logged as a number
+        metrics["train/loss_tokens"] = int(meta.num_loss_tokens)
     return metrics
 
 

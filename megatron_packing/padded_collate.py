@@ -161,7 +161,7 @@ class PaddedCollator:
             epoch=plan.epoch,
             num_examples=plan.global_num_examples,
             num_tokens=plan.global_num_tokens,
-            num_loss_tokens=-1 if plan.global_num_loss_tokens is None else plan.global_num_loss_tokens,
+            num_loss_tokens=plan.global_num_loss_tokens,
             num_bins=plan.microbatches_per_rank * plan.dp_size,
             num_padding_bins=plan.microbatches_per_rank * plan.dp_size - real,
             num_placeholder_bins=plan.microbatches_per_rank * plan.dp_size - real,

@@ -11,12 +11,14 @@ from .errors import LOSS_ON_CHOICES, ON_BAD_RECORD_CHOICES, REASONS, BadRecordEr
 from .length_index import LengthIndex, default_cache_dir, load_length_index
 from .load import load_sft_dataset
 from .pretokenized import save_pretokenized
+from .store import CorruptStoreError
 
 __all__ = [
     "LOSS_ON_CHOICES",
     "ON_BAD_RECORD_CHOICES",
     "REASONS",
     "BadRecordError",
+    "CorruptStoreError",
     "LengthIndex",
     "SFTDataset",
     "default_cache_dir",

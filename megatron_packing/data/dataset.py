@@ -66,6 +66,12 @@ class SFTDataset:
             raise IndexError(f"index {i} out of range for SFTDataset of {n} examples")
         return self.stores[self._part[i]].get(int(self._local[i]))
 
+    def example_origin(self, i: int) -> str:
+        """Where example ``i`` came from, as ``source:line`` (for error messages)."""
+        store = self.stores[self._part[i]]
+        line = int(store.record_lines[int(self._local[i])])
+        return f"{store.meta.get('source', store.path)}:{line}"
+
     @property
     def skipped(self) -> Counter[str]:
         """Bad records skipped while building, counted by reason (empty when none)."""
@@ -73,6 +79,12 @@ class SFTDataset:
         for store in self.stores:
             total.update(store.meta.get("skipped", {}))
         return total
+
+    @property
+    def special_token_records(self) -> int:
+        """Records whose message content held a control token's text (see
+        ``special_tokens_in_content``), summed over the stores."""
+        return sum(int(store.meta.get("special_token_records", 0)) for store in self.stores)
 
     @property
     def index_paths(self) -> list[str]:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 LOSS_ON_CHOICES = ("assistant", "all", "last_assistant_turn")
 ON_BAD_RECORD_CHOICES = ("error", "skip")
+SPECIAL_TOKENS_IN_CONTENT_CHOICES = ("split", "keep", "error")
 
 VALID_RECORD_HINT = (
     'a valid record is {"messages": [{"role": "user", "content": "..."}, '
-    '{"role": "assistant", "content": "..."}]} with roles system/user/assistant/tool, '
+    '{"role": "assistant", "content": "..."}]} with roles system/user/assistant/tool '
+    '(assistant messages may carry OpenAI tool_calls), '
     'or {"instruction": "...", "input": "... (optional)", "output": "..."}, '
     'or {"prompt": "...", "response": "..."}'
 )
@@ -26,6 +28,10 @@ REASONS: dict[str, str] = {
     "non_string_content": "a message content (or instruction/output/prompt/response) is not a string",
     "unknown_role": "a message has a role other than system/user/assistant/tool",
     "no_assistant_turn": "the conversation has no assistant message to train on",
+    "empty_assistant_turn": "an assistant message (or output/response) with no content and no tool calls",
+    "tools_unsupported": "the record has tool calls or tools, but the chat template does not render them",
+    "special_token_in_content": "message content contains a control token's text "
+    "(with special_tokens_in_content='error')",
     "too_long": "the example is longer than max_length and truncation is off",
     "no_loss_tokens": "the example has no trainable (loss) token after truncation",
     "template_error": "the chat template refused the conversation",

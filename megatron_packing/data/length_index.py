@@ -24,13 +24,13 @@ from typing import Any
 import numpy as np
 
 from .errors import BadRecordError, RecordProblem
-from .records import RawItem, parse_json_line, record_to_messages
+from .records import Messages, RawItem, parse_json_line, record_to_messages
 from .store import StoreWriter, TokenStore
 from .tokenize import ChatEncoder
 
 log = logging.getLogger(__name__)
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 MAX_SKIP_EXAMPLES = 20
 BATCH = 256  # conversations per tokenizer call
 CHUNK = 2048  # records per worker task
@@ -89,6 +89,7 @@ def cache_key(data_hash: str, tokenizer_fp: str, encoder: ChatEncoder) -> str:
         "max_length": encoder.max_length,
         "truncate": encoder.truncate,
         "method": encoder.method,
+        "special_tokens_in_content": encoder.special_tokens_in_content,
     }
     return hashlib.blake2b(json.dumps(payload, sort_keys=True).encode(), digest_size=16).hexdigest()
 
@@ -104,18 +105,20 @@ class ChunkResult:
     lengths: np.ndarray
     lines: np.ndarray
     bad: list[tuple[int, str, str]]
+    special_text_records: int = 0  # records whose content holds a control token's text
 
 
 def encode_chunk(encoder: ChatEncoder, items: list[RawItem], raw_is_text: bool) -> ChunkResult:
     """Validate and tokenize a chunk of raw records; bad ones are reported, not raised."""
     bad: list[tuple[int, str, str]] = []
-    good: list[tuple[int, list[dict[str, str]]]] = []
+    good: list[tuple[int, Messages]] = []
     for line, raw in items:
         try:
             record = parse_json_line(raw) if raw_is_text else raw
             good.append((line, record_to_messages(record)))
         except RecordProblem as exc:
             bad.append((line, exc.reason, exc.detail))
+    special = sum(encoder.has_special_text(m) for _, m in good)
     ids_parts, mask_parts, lengths, lines = [], [], [], []
     for start in range(0, len(good), BATCH):
         batch = good[start : start + BATCH]
@@ -134,6 +137,7 @@ def encode_chunk(encoder: ChatEncoder, items: list[RawItem], raw_is_text: bool) 
         np.asarray(lengths, dtype=np.int64),
         np.asarray(lines, dtype=np.int64),
         bad,
+        special,
     )
 
 
@@ -243,6 +247,7 @@ def _build(
     if num_proc is None:
         num_proc = min(os.cpu_count() or 1, 8) if (total or 0) >= PARALLEL_MIN_RECORDS else 1
     skipped: Counter[str] = Counter()
+    special_records = 0
     examples: list[dict[str, Any]] = []
     writer = StoreWriter(final)
     try:
@@ -256,6 +261,7 @@ def _build(
                     skipped[reason] += 1
                     if len(examples) < MAX_SKIP_EXAMPLES:
                         examples.append({"source": source, "line": line, "reason": reason, "detail": detail})
+                special_records += res.special_text_records
                 writer.append(res.ids, res.mask, res.lengths, res.lines)
                 bar.update(n)
     except BaseException:
@@ -271,6 +277,8 @@ def _build(
         "max_length": encoder.max_length,
         "truncate": encoder.truncate,
         "method": encoder.method,
+        "special_tokens_in_content": encoder.special_tokens_in_content,
+        "special_token_records": special_records,
         "skipped": dict(skipped),
         "skipped_examples": examples,
     })

@@ -76,6 +76,7 @@ def load_sft_dataset(
     num_proc: int | None = None,
     show_progress: bool = True,
     truncate: bool = True,
+    special_tokens_in_content: str = "split",
 ) -> SFTDataset:
     """Tokenize (or load cached) SFT sources into an :class:`SFTDataset`.
 
@@ -95,20 +96,27 @@ def load_sft_dataset(
         seed: blend seed.
         num_proc: tokenizer processes (default: 1 for small inputs, else up to the CPU count).
         show_progress: tqdm progress bar while building an index.
+        truncate: with ``max_length``, ``False`` makes longer examples bad records.
+        special_tokens_in_content: control-token text (e.g. ``<|im_start|>``) inside message
+            content: ``"split"`` tokenizes it as plain text, ``"keep"`` as the control token,
+            ``"error"`` makes the record bad. Affected records are counted either way
+            (``ds.special_token_records``).
     """
     check_choice("on_bad_record", on_bad_record, ON_BAD_RECORD_CHOICES)
     srcs, blend_weights = normalize_sources(sources, weights)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
 
     encoder = fp = None
-    options: dict[str, Any] = {"loss_on": loss_on, "max_length": max_length, "truncate": truncate}
+    options: dict[str, Any] = {"loss_on": loss_on, "max_length": max_length, "truncate": truncate,
+                               "special_tokens_in_content": special_tokens_in_content}
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer)
-        encoder = ChatEncoder(tok, loss_on=loss_on, max_length=max_length, truncate=truncate)
+        encoder = ChatEncoder(tok, loss_on=loss_on, max_length=max_length, truncate=truncate,
+                              special_tokens_in_content=special_tokens_in_content)
         fp = tokenizer_fingerprint(tok)
         options.update(tokenizer_fingerprint=fp, method=encoder.method)
     else:
-        ChatEncoder.check_options(loss_on, max_length)
+        ChatEncoder.check_options(loss_on, max_length, special_tokens_in_content)
 
     stores = []
     for src in srcs:

@@ -1,15 +1,21 @@
 """Read chat and instruction records from JSONL/JSON files and datasets, and validate them.
 
-A record becomes a list of ``{"role", "content"}`` messages. Accepted shapes, in order of
-precedence when several are present:
+A record becomes a :class:`Conversation`: a list of ``{"role", "content"}`` messages, plus the
+record's ``tools`` list if it has one. Accepted shapes, in order of precedence when several are
+present:
 
-* ``{"messages": [{"role": ..., "content": ...}, ...]}`` (roles system/user/assistant/tool);
+* ``{"messages": [{"role": ..., "content": ...}, ...], "tools": [...] (optional)}`` (roles
+  system/user/assistant/tool). OpenAI / Hugging Face tool calls are accepted: an assistant
+  message may carry ``tool_calls`` (then its ``content`` may be null or ""), a ``tool`` message
+  may carry ``tool_call_id`` and ``name``;
 * ``{"instruction", "input" (optional), "output"}`` -> user = instruction (+ blank line + input),
   assistant = output; an optional string ``"system"`` becomes a system message;
 * ``{"prompt", "response"}`` -> user = prompt, assistant = response (same ``"system"`` rule).
 
-Only ``role`` and ``content`` of a message are passed to the chat template. Blank JSONL lines
-are not records and are ignored.
+Only ``role``, ``content`` and those tool-call keys of a message reach the chat template. An
+assistant turn with neither content nor tool calls is a bad record (``empty_assistant_turn``):
+training on it would teach the model to answer with nothing. Blank JSONL lines are not records
+and are ignored.
 """
 
 from __future__ import annotations
@@ -23,7 +29,22 @@ from .errors import RecordProblem
 
 VALID_ROLES = ("system", "user", "assistant", "tool")
 
-Messages = list[dict[str, str]]
+Messages = list[dict[str, Any]]
+
+
+class Conversation(list):
+    """A validated message list; ``tools`` is the record's tool list (None when it has none)."""
+
+    def __init__(self, messages: Messages = (), tools: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(messages)
+        self.tools = tools
+
+    def __reduce__(self):
+        return (Conversation, (list(self), self.tools))
+
+    @property
+    def has_tool_calls(self) -> bool:
+        return any(m.get("tool_calls") for m in self)
 
 
 def _string_field(record: dict[str, Any], key: str) -> str:
@@ -35,8 +56,11 @@ def _string_field(record: dict[str, Any], key: str) -> str:
     return value
 
 
-def _with_system(record: dict[str, Any], user: str, assistant: str) -> Messages:
-    messages: Messages = []
+def _with_system(record: dict[str, Any], user: str, assistant: str) -> Conversation:
+    if not assistant.strip():
+        raise RecordProblem("empty_assistant_turn", "the output/response is empty; an empty answer "
+                            "would be trained")
+    messages = Conversation()
     if record.get("system") is not None:
         messages.append({"role": "system", "content": _string_field(record, "system")})
     messages.append({"role": "user", "content": user})
@@ -44,43 +68,89 @@ def _with_system(record: dict[str, Any], user: str, assistant: str) -> Messages:
     return messages
 
 
-def _check_messages(raw: Any) -> Messages:
+def _check_tool_calls(k: int, calls: Any) -> list[dict[str, Any]]:
+    """Validate an assistant message's OpenAI-style ``tool_calls`` list."""
+    where = f"message {k} (assistant) tool_calls"
+    if not isinstance(calls, list) or not calls:
+        raise RecordProblem("invalid_field", f"{where} is {calls!r}; expected a non-empty list of "
+                            '{"type": "function", "function": {"name": ..., "arguments": ...}}')
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise RecordProblem("invalid_field", f"{where}[{j}] has no function name; expected "
+                                '{"type": "function", "function": {"name": "...", "arguments": ...}}')
+        if not isinstance(fn.get("arguments"), (str, dict)):
+            raise RecordProblem("invalid_field", f"{where}[{j}] function {fn['name']!r}: arguments "
+                                "must be a JSON string or an object")
+        if call.get("type", "function") != "function":
+            raise RecordProblem("invalid_field", f"{where}[{j}] has type {call['type']!r}; only "
+                                "'function' tool calls are supported")
+    return calls
+
+
+def _check_message(k: int, msg: Any) -> dict[str, Any]:
+    if not isinstance(msg, dict):
+        raise RecordProblem("invalid_field", f"message {k} is {type(msg).__name__}, expected an object")
+    if "role" not in msg:
+        raise RecordProblem("missing_field", f"message {k} lacks role")
+    role = msg["role"]
+    if role not in VALID_ROLES:
+        raise RecordProblem(
+            "unknown_role", f"message {k} has role {role!r}; valid roles are {', '.join(VALID_ROLES)}"
+        )
+    calls = msg.get("tool_calls") if role == "assistant" else None
+    if "content" not in msg and calls is None:
+        raise RecordProblem("missing_field", f"message {k} lacks content")
+    content = msg.get("content")
+    if not isinstance(content, str) and not (content is None and calls is not None):
+        raise RecordProblem(
+            "non_string_content",
+            f"message {k} ({role}) content is {type(content).__name__}, expected a string"
+            + (" (null content needs tool_calls)" if role == "assistant" else ""),
+        )
+    out: dict[str, Any] = {"role": role, "content": content}
+    if calls is not None:
+        out["tool_calls"] = _check_tool_calls(k, calls)
+    elif role == "assistant" and not content.strip():
+        raise RecordProblem(
+            "empty_assistant_turn",
+            f"message {k} (assistant) has empty content and no tool_calls; an empty turn would "
+            "be trained as the answer",
+        )
+    if role == "tool":
+        for key in ("tool_call_id", "name"):
+            if msg.get(key) is not None:
+                if not isinstance(msg[key], str):
+                    raise RecordProblem("invalid_field", f"message {k} (tool) {key} must be a string")
+                out[key] = msg[key]
+    return out
+
+
+def _check_tools(raw: Any) -> list[dict[str, Any]] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not all(isinstance(t, dict) for t in raw):
+        raise RecordProblem("invalid_field", "'tools' must be a list of tool (JSON schema) objects")
+    return raw or None
+
+
+def _check_messages(raw: Any, tools: Any = None) -> Conversation:
     if not isinstance(raw, list):
         raise RecordProblem("invalid_field", f"'messages' is {type(raw).__name__}, expected a list")
     if not raw:
         raise RecordProblem("empty_conversation", "'messages' is an empty list")
-    messages: Messages = []
-    for k, msg in enumerate(raw):
-        if not isinstance(msg, dict):
-            raise RecordProblem(
-                "invalid_field", f"message {k} is {type(msg).__name__}, expected an object"
-            )
-        if "role" not in msg or "content" not in msg:
-            missing = [key for key in ("role", "content") if key not in msg]
-            raise RecordProblem("missing_field", f"message {k} lacks {', '.join(missing)}")
-        role, content = msg["role"], msg["content"]
-        if role not in VALID_ROLES:
-            raise RecordProblem(
-                "unknown_role",
-                f"message {k} has role {role!r}; valid roles are {', '.join(VALID_ROLES)}",
-            )
-        if not isinstance(content, str):
-            raise RecordProblem(
-                "non_string_content",
-                f"message {k} ({role}) content is {type(content).__name__}, expected a string",
-            )
-        messages.append({"role": role, "content": content})
+    messages = Conversation([_check_message(k, msg) for k, msg in enumerate(raw)], _check_tools(tools))
     if not any(m["role"] == "assistant" for m in messages):
         raise RecordProblem("no_assistant_turn", "no message has role 'assistant'")
     return messages
 
 
-def record_to_messages(record: Any) -> Messages:
+def record_to_messages(record: Any) -> Conversation:
     """Validate one record and return its messages; raise :class:`RecordProblem` if bad."""
     if not isinstance(record, dict):
         raise RecordProblem("not_an_object", f"got {type(record).__name__}, expected an object")
     if "messages" in record:
-        return _check_messages(record["messages"])
+        return _check_messages(record["messages"], record.get("tools"))
     if "instruction" in record or "output" in record:
         if "instruction" not in record or "output" not in record:
             have = "instruction" if "instruction" in record else "output"

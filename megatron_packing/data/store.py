@@ -13,6 +13,12 @@ One store is a directory::
 The same format serves as the length-index cache and as the pre-tokenized file format. Stores
 are written into a temporary directory and renamed into place, so a reader never sees half of
 one.
+
+``meta.json`` also records, at build time, the total loss-token count and an xxh3 checksum of
+every array file. Opening a store checks what is cheap (array sizes against each other and the
+files, offsets against lengths, the recorded sums); the first open in a process also checks the
+checksums. A store that fails a check is refused with :class:`CorruptStoreError`, naming the
+file, instead of feeding wrong tokens, lengths or loss counts to training.
 """
 
 from __future__ import annotations
@@ -25,11 +31,37 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 
 FORMAT = "megatron_packing.sft_tokens"
-VERSION = 1
+VERSION = 2
 META = "meta.json"
 ID_DTYPE = np.int32
+ARRAY_FILES = ("input_ids.bin", "loss_mask.bin", "offsets.npy", "lengths.npy",
+               "loss_token_counts.npy", "record_lines.npy")
+
+
+class CorruptStoreError(ValueError):
+    """A token store whose files disagree with each other or with what was recorded at build."""
+
+    def __init__(self, path: Path, file: str, problem: str, kind: str | None) -> None:
+        self.path = path
+        self.file = file
+        self.problem = problem
+        fix = (
+            f"re-save the pre-tokenized data to {path}" if kind == "pretokenized"
+            else f"delete the cache entry {path} (or the whole cache directory) so it is rebuilt"
+        )
+        super().__init__(f"{path / file}: {problem}; the token store is corrupted or was modified: {fix}")
+
+
+def file_checksum(path: Path) -> str:
+    """xxh3-128 of a file's bytes, streamed (several GB/s, so cheap next to tokenizing)."""
+    h = xxhash.xxh3_128()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def is_store(path: str | os.PathLike[str]) -> bool:
@@ -46,7 +78,7 @@ def is_store(path: str | os.PathLike[str]) -> bool:
 class TokenStore:
     """Read-only view of a store directory; arrays are memory-mapped, nothing is read eagerly."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, verify_checksums: bool = True) -> None:
         self.path = Path(path)
         meta = json.loads((self.path / META).read_text())
         if meta.get("format") != FORMAT:
@@ -57,6 +89,7 @@ class TokenStore:
                 "rebuild it (delete the cache entry or re-save the pre-tokenized data)"
             )
         self.meta: dict[str, Any] = meta
+        self._check_files(verify_checksums)
         n, total = int(meta["num_examples"]), int(meta["num_tokens"])
         self.offsets = np.load(self.path / "offsets.npy", mmap_mode="r")
         self.lengths = np.load(self.path / "lengths.npy", mmap_mode="r")
@@ -64,8 +97,61 @@ class TokenStore:
         self.record_lines = np.load(self.path / "record_lines.npy", mmap_mode="r")
         self._ids = _memmap(self.path / "input_ids.bin", np.dtype(meta["id_dtype"]), total)
         self._mask = _memmap(self.path / "loss_mask.bin", np.dtype(np.uint8), total)
-        if len(self.lengths) != n or len(self.offsets) != n + 1:
-            raise ValueError(f"{self.path}: array sizes disagree with meta.json; rebuild it")
+        self._check_arrays(n, total)
+
+    def _corrupt(self, file: str, problem: str) -> CorruptStoreError:
+        return CorruptStoreError(self.path, file, problem, self.meta.get("kind"))
+
+    def _check_files(self, verify_checksums: bool) -> None:
+        """Every array file exists, the .bin sizes match meta, and (optionally) the checksums."""
+        total = int(self.meta["num_tokens"])
+        sums = self.meta.get("checksums") or {}
+        expected_size = {
+            "input_ids.bin": total * np.dtype(self.meta["id_dtype"]).itemsize,
+            "loss_mask.bin": total,
+        }
+        for name in ARRAY_FILES:
+            file = self.path / name
+            if not file.is_file():
+                raise self._corrupt(name, "the file is missing")
+            size = file.stat().st_size
+            if name in expected_size and size != expected_size[name]:
+                raise self._corrupt(name, f"{size} bytes, but meta.json records {total} tokens "
+                                          f"({expected_size[name]} bytes)")
+            if verify_checksums:
+                if name not in sums:
+                    raise self._corrupt(META, f"no checksum recorded for {name}")
+                if file_checksum(file) != sums[name]:
+                    raise self._corrupt(name, "its checksum differs from the one recorded at build")
+
+    def _check_arrays(self, n: int, total: int) -> None:
+        """Sizes and sums of the index arrays agree with each other and with meta.json (O(n))."""
+        for name, arr, want in (("lengths.npy", self.lengths, n), ("offsets.npy", self.offsets, n + 1),
+                                ("loss_token_counts.npy", self.loss_token_counts, n),
+                                ("record_lines.npy", self.record_lines, n)):
+            if arr.ndim != 1 or len(arr) != want:
+                raise self._corrupt(name, f"shape {arr.shape}, but meta.json records {n} examples "
+                                          f"(expected ({want},))")
+        if n == 0:
+            return
+        offsets = np.asarray(self.offsets)
+        lengths = np.asarray(self.lengths, dtype=np.int64)
+        if offsets[0] != 0 or offsets[-1] != total:
+            raise self._corrupt("offsets.npy", f"runs from {offsets[0]} to {offsets[-1]}, "
+                                               f"expected 0 to {total} tokens")
+        if not np.array_equal(np.diff(offsets), lengths):
+            bad = int(np.flatnonzero(np.diff(offsets) != lengths)[0])
+            raise self._corrupt("lengths.npy", f"example {bad} has length {lengths[bad]} but "
+                                               f"offsets.npy spans {offsets[bad + 1] - offsets[bad]} tokens")
+        counts = np.asarray(self.loss_token_counts, dtype=np.int64)
+        if counts.min() < 0 or np.any(counts > np.maximum(lengths - 1, 0)):
+            bad = int(np.flatnonzero((counts < 0) | (counts > np.maximum(lengths - 1, 0)))[0])
+            raise self._corrupt("loss_token_counts.npy", f"example {bad} has {counts[bad]} loss "
+                                f"tokens, outside [0, length - 1 = {lengths[bad] - 1}]")
+        recorded = self.meta.get("num_loss_tokens")
+        if recorded is None or int(counts.sum()) != int(recorded):
+            raise self._corrupt("loss_token_counts.npy", f"sums to {int(counts.sum())} loss tokens, "
+                                f"but meta.json records {recorded}")
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -75,7 +161,8 @@ class TokenStore:
         return {"path": str(self.path)}
 
     def __setstate__(self, state: dict[str, str]) -> None:
-        self.__init__(state["path"])  # type: ignore[misc]
+        # the opening process verified the checksums; a worker repeats only the cheap checks
+        self.__init__(state["path"], verify_checksums=False)  # type: ignore[misc]
 
     def get(self, i: int) -> dict[str, np.ndarray]:
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
@@ -139,6 +226,8 @@ class StoreWriter:
             "id_dtype": np.dtype(ID_DTYPE).name,
             "num_examples": len(lengths),
             "num_tokens": int(offsets[-1]),
+            "num_loss_tokens": int(counts.sum(dtype=np.int64)),
+            "checksums": {name: file_checksum(self.tmp / name) for name in ARRAY_FILES},
             **meta,
         }
         (self.tmp / META).write_text(json.dumps(full_meta, indent=1, sort_keys=True))

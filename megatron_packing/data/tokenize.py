@@ -25,10 +25,11 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+import jinja2
 import numpy as np
 
-from .errors import LOSS_ON_CHOICES, RecordProblem, check_choice
-from .records import Messages
+from .errors import LOSS_ON_CHOICES, SPECIAL_TOKENS_IN_CONTENT_CHOICES, RecordProblem, check_choice
+from .records import Conversation, Messages
 
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
@@ -82,13 +83,33 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return h.hexdigest()
 
 
+# Errors the template engine or the tokenizer raise for one record's content (a missing key,
+# a None where the template expects text, raise_exception(...) in the template). Anything else
+# raised while encoding is a bug and propagates.
+_RECORD_ERRORS: tuple[type[BaseException], ...] = (jinja2.TemplateError, TypeError, ValueError)
+
+# Private-use characters that bracket control-token text found in message content, so its
+# position in the rendered conversation is known ("split" mode).
+_MARK_START, _MARK_END = "\ue000", "\ue001"
+
+
 class ChatEncoder:
-    """Turn validated message lists into (ids, loss mask) with one loss policy.
+    """Turn validated conversations into (ids, loss mask) with one loss policy.
 
     ``loss_on``: ``"assistant"`` (every assistant turn), ``"all"`` (every token) or
     ``"last_assistant_turn"``. ``max_length``: keep the first ``max_length`` tokens when
     ``truncate`` is true, else reject longer examples as ``too_long``. An example left with no
     loss target (``mask[1:].sum() == 0``) is rejected as ``no_loss_tokens``.
+
+    ``special_tokens_in_content``: what to do with the text of a special (control) token, such
+    as ``<|im_start|>``, inside a message's content. ``"split"`` (default) tokenizes it as plain
+    text, so content cannot forge a turn; ``"keep"`` tokenizes it as the control token;
+    ``"error"`` makes the record bad (``special_token_in_content``). :meth:`has_special_text`
+    tells which records are affected (the build counts them).
+
+    Tool calls (``tool_calls`` on assistant messages, a record's ``tools``) are rendered by the
+    template when it reads them; a template that never mentions ``tool_calls`` (or ``tools``)
+    would drop them silently, so such records are bad (``tools_unsupported``).
     """
 
     def __init__(
@@ -98,19 +119,30 @@ class ChatEncoder:
         max_length: int | None = None,
         truncate: bool = True,
         force_fallback: bool = False,
+        special_tokens_in_content: str = "split",
     ) -> None:
-        self.check_options(loss_on, max_length)
+        self.check_options(loss_on, max_length, special_tokens_in_content)
         self.tokenizer = tokenizer
         self.loss_on = loss_on
         self.max_length = max_length
         self.truncate = truncate
+        self.special_tokens_in_content = special_tokens_in_content
         self.template = get_template(tokenizer)
         self.use_tags = has_generation_tags(self.template) and not force_fallback
+        self.renders_tool_calls = "tool_calls" in self.template
+        self.renders_tools = bool(re.search(r"\btools\b", self.template))
+        specials = sorted({t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
+                           if getattr(t, "special", False)} | set(tokenizer.all_special_tokens),
+                          key=len, reverse=True)
+        self._special_re = re.compile("|".join(map(re.escape, specials))) if specials else None
 
     @staticmethod
-    def check_options(loss_on: str, max_length: int | None) -> None:
-        """Raise ValueError for an unknown ``loss_on`` or a bad ``max_length``."""
+    def check_options(loss_on: str, max_length: int | None,
+                      special_tokens_in_content: str = "split") -> None:
+        """Raise ValueError for an unknown ``loss_on`` / ``special_tokens_in_content`` or a bad ``max_length``."""
         check_choice("loss_on", loss_on, LOSS_ON_CHOICES)
+        check_choice("special_tokens_in_content", special_tokens_in_content,
+                     SPECIAL_TOKENS_IN_CONTENT_CHOICES)
         if max_length is not None and (
             isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2
         ):
@@ -119,6 +151,13 @@ class ChatEncoder:
     @property
     def method(self) -> str:
         return "generation_tags" if self.use_tags else "prefix_fallback"
+
+    def has_special_text(self, messages: Messages) -> bool:
+        """Whether some message content contains a special token's text."""
+        if self._special_re is None:
+            return False
+        return any(isinstance(m.get("content"), str) and self._special_re.search(m["content"])
+                   for m in messages)
 
     # -- public -------------------------------------------------------------------------
     def encode(self, messages: Messages) -> Encoded:
@@ -129,31 +168,67 @@ class ChatEncoder:
         return result
 
     def encode_batch(self, batch: Sequence[Messages]) -> list[Encoded | RecordProblem]:
-        """Encode many conversations at once (one tokenizer call); problems are returned."""
-        if not batch:
-            return []
-        try:
-            raw = self._encode_raw(batch)
-        except RecordProblem:
-            raw = None
-        except Exception:  # a template error in one conversation fails the whole batch
-            raw = None
-        if raw is None:
-            if len(batch) == 1:
-                try:
-                    raw = self._encode_raw(batch)
-                except RecordProblem as exc:
-                    return [exc]
-                except Exception as exc:
-                    return [RecordProblem("template_error", f"{type(exc).__name__}: {exc}")]
+        """Encode many conversations (plain ones in one tokenizer call); problems are returned."""
+        out: list[Encoded | RecordProblem | None] = [None] * len(batch)
+        plain: list[int] = []
+        for k, messages in enumerate(batch):
+            problem = self._unsupported(messages)
+            if problem is not None:
+                out[k] = problem
+            elif self.has_special_text(messages) and self.special_tokens_in_content != "keep":
+                out[k] = self._encode_one(messages, split=True)
+            elif getattr(messages, "tools", None):
+                out[k] = self._encode_one(messages, split=False)
             else:
-                out: list[Encoded | RecordProblem] = []
-                for messages in batch:
-                    out.extend(self.encode_batch([messages]))
-                return out
-        return [self._finish(ids, mask) for ids, mask in raw]
+                plain.append(k)
+        if plain:
+            try:
+                raw = self._encode_raw([batch[k] for k in plain])
+            except RecordProblem:  # one bad conversation fails the batch: encode one by one
+                raw = None
+            if raw is None:
+                for k in plain:
+                    out[k] = self._encode_one(batch[k], split=False)
+            else:
+                for k, (ids, mask) in zip(plain, raw, strict=True):
+                    out[k] = self._finish(ids, mask)
+        return out  # type: ignore[return-value]
 
     # -- internals ----------------------------------------------------------------------
+    def _unsupported(self, messages: Messages) -> RecordProblem | None:
+        if self.has_special_text(messages) and self.special_tokens_in_content == "error":
+            k = next(k for k, m in enumerate(messages)
+                     if isinstance(m.get("content"), str) and self._special_re.search(m["content"]))
+            found = self._special_re.search(messages[k]["content"]).group(0)
+            return RecordProblem(
+                "special_token_in_content",
+                f"message {k} ({messages[k]['role']}) content contains the control token text "
+                f"{found!r}; use special_tokens_in_content='split' to tokenize it as plain text",
+            )
+        if not self.renders_tool_calls:
+            for k, m in enumerate(messages):
+                if m.get("tool_calls"):
+                    return RecordProblem(
+                        "tools_unsupported",
+                        f"message {k} (assistant) has tool_calls, but the tokenizer's chat template "
+                        "never reads tool_calls, so they would be dropped and an empty turn trained; "
+                        "use a chat template that renders tool calls",
+                    )
+        if getattr(messages, "tools", None) and not self.renders_tools:
+            return RecordProblem(
+                "tools_unsupported",
+                "the record has a 'tools' list, but the tokenizer's chat template never reads "
+                "'tools'; use a chat template that renders tools, or drop the list",
+            )
+        return None
+
+    def _encode_one(self, messages: Messages, split: bool) -> Encoded | RecordProblem:
+        try:
+            ids, mask = self._encode_split(messages) if split else self._encode_raw([messages])[0]
+        except RecordProblem as exc:
+            return exc
+        return self._finish(ids, mask)
+
     def _finish(self, ids: np.ndarray, mask: np.ndarray) -> Encoded | RecordProblem:
         if self.max_length is not None and len(ids) > self.max_length:
             if not self.truncate:
@@ -169,10 +244,21 @@ class ChatEncoder:
             )
         return ids, mask
 
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Call the template / tokenizer; errors caused by the record become ``template_error``."""
+        try:
+            return fn(*args, **kwargs)
+        except _RECORD_ERRORS as exc:
+            raise RecordProblem("template_error", f"{type(exc).__name__}: {exc}") from exc
+
+    def _template_call(self, batch: Sequence[Messages], **kwargs: Any) -> Any:
+        tools = getattr(batch[0], "tools", None) if len(batch) == 1 else None
+        return self._call(self.tokenizer.apply_chat_template, [list(m) for m in batch],
+                          tools=tools, **kwargs)
+
     def _encode_raw(self, batch: Sequence[Messages]) -> list[Encoded]:
-        tok = self.tokenizer
         if self.loss_on == "all":
-            out = tok.apply_chat_template(list(batch), tokenize=True, return_dict=True)
+            out = self._template_call(batch, tokenize=True, return_dict=True)
             return [
                 (np.asarray(ids, dtype=np.int32), np.ones(len(ids), dtype=np.uint8))
                 for ids in out["input_ids"]
@@ -182,9 +268,8 @@ class ChatEncoder:
         return self._encode_prefix(batch)
 
     def _encode_tags(self, batch: Sequence[Messages]) -> list[Encoded]:
-        out = self.tokenizer.apply_chat_template(
-            list(batch), tokenize=True, return_dict=True, return_assistant_tokens_mask=True
-        )
+        out = self._template_call(batch, tokenize=True, return_dict=True,
+                                  return_assistant_tokens_mask=True)
         result = []
         for messages, ids, mask in zip(batch, out["input_ids"], out["assistant_masks"], strict=True):
             ids_arr = np.asarray(ids, dtype=np.int32)
@@ -201,17 +286,18 @@ class ChatEncoder:
         return result
 
     def _render(self, messages: Messages, add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
+        return self._call(self.tokenizer.apply_chat_template, list(messages), tokenize=False,
+                          add_generation_prompt=add_generation_prompt,
+                          tools=getattr(messages, "tools", None))
 
     def _assistant_spans(self, messages: Messages, full: str) -> list[tuple[int, int]]:
+        """Character spans of the assistant turns in ``full``, found by rendering prefixes."""
         spans = []
         for i, m in enumerate(messages):
             if m["role"] != "assistant":
                 continue
-            prompt = self._render(messages[:i], True) if i else self._render_empty_prompt()
-            turn = self._render(messages[: i + 1], False)
+            prompt = self._render(_prefix(messages, i), True) if i else self._render_empty_prompt(messages)
+            turn = self._render(_prefix(messages, i + 1), False)
             if not turn.startswith(prompt) or not full.startswith(turn):
                 raise RecordProblem(
                     "template_error",
@@ -224,24 +310,121 @@ class ChatEncoder:
             spans = spans[-1:]
         return spans
 
-    def _render_empty_prompt(self) -> str:
+    def _render_empty_prompt(self, messages: Messages) -> str:
         try:
-            return self._render([], True)
-        except Exception:
+            return self._render(_prefix(messages, 0), True)
+        except RecordProblem:  # templates may refuse an empty conversation
             return ""
 
     def _encode_prefix(self, batch: Sequence[Messages]) -> list[Encoded]:
         fulls = [self._render(messages, False) for messages in batch]
         spans = [self._assistant_spans(m, full) for m, full in zip(batch, fulls, strict=True)]
-        enc = self.tokenizer(fulls, add_special_tokens=False, return_offsets_mapping=True)
-        result = []
-        for ids, offsets, conv_spans in zip(enc["input_ids"], enc["offset_mapping"], spans, strict=True):
-            off = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
-            mask = np.zeros(len(ids), dtype=bool)
-            for a, b in conv_spans:
-                mask |= (off[:, 0] < b) & (off[:, 1] > a)
-            result.append((np.asarray(ids, dtype=np.int32), mask.astype(np.uint8)))
-        return result
+        enc = self._call(self.tokenizer, fulls, add_special_tokens=False, return_offsets_mapping=True)
+        return [
+            (np.asarray(ids, dtype=np.int32), _span_mask(np.asarray(offsets, dtype=np.int64).reshape(-1, 2), s))
+            for ids, offsets, s in zip(enc["input_ids"], enc["offset_mapping"], spans, strict=True)
+        ]
+
+    # -- "split": control-token text in content becomes plain text -----------------------
+    def _encode_split(self, messages: Messages) -> Encoded:
+        """Render with markers around content's control-token text, then tokenize it as text.
+
+        The rest of the conversation is tokenized exactly as usual: the tokenizer splits the
+        text at special tokens before anything else, so replacing one such token's id by the
+        plain-text ids of its characters leaves every other token unchanged.
+        """
+        marked = self._mark(messages)
+        if self.loss_on == "all":
+            rendered, spans = self._render(marked, False), None
+        elif self.use_tags and self.loss_on == "assistant":
+            from transformers.utils.chat_template_utils import render_jinja_template
+
+            texts, indices = self._call(
+                render_jinja_template, [list(marked)], tools=getattr(marked, "tools", None),
+                chat_template=self.template, return_assistant_tokens_mask=True,
+                **self.tokenizer.special_tokens_map,
+            )
+            rendered, spans = texts[0], [tuple(s) for s in indices[0]]
+        else:  # prefix spans; the markers are plain characters to the template
+            rendered = self._render(marked, False)
+            spans = self._assistant_spans(marked, rendered)
+        text, keep_pos, runs = _strip_marks(rendered)
+        enc = self._call(self.tokenizer, text, add_special_tokens=False, return_offsets_mapping=True)
+        ids = list(enc["input_ids"])
+        offsets = [tuple(o) for o in enc["offset_mapping"]]
+        for a, b in reversed(runs):  # splice from the end so earlier positions stay valid
+            try:
+                j = offsets.index((a, b))
+            except ValueError:
+                raise RecordProblem(
+                    "template_error",
+                    f"control-token text at characters {a}:{b} of the rendered conversation is not "
+                    "one token; use special_tokens_in_content='keep' or 'error' for this template",
+                ) from None
+            plain_ids, plain_offsets = self._plain_text_ids(text[a:b])
+            ids[j : j + 1] = plain_ids
+            offsets[j : j + 1] = [(a + s, a + e) for s, e in plain_offsets]
+        ids_arr = np.asarray(ids, dtype=np.int32)
+        if spans is None:
+            return ids_arr, np.ones(len(ids_arr), dtype=np.uint8)
+        mapped = [(int(keep_pos[s]), int(keep_pos[e])) for s, e in spans]
+        return ids_arr, _span_mask(np.asarray(offsets, dtype=np.int64).reshape(-1, 2), mapped)
+
+    def _mark(self, messages: Messages) -> Messages:
+        def wrap(match: re.Match[str]) -> str:
+            return _MARK_START + match.group(0) + _MARK_END
+
+        out = []
+        for m in messages:
+            content = m.get("content")
+            if isinstance(content, str):
+                if _MARK_START in content or _MARK_END in content:
+                    raise RecordProblem("invalid_field", "message content contains the private-use "
+                                        "characters U+E000/U+E001, reserved for marking control-token text")
+                m = {**m, "content": self._special_re.sub(wrap, content)}
+            out.append(m)
+        return Conversation(out, getattr(messages, "tools", None))
+
+    def _plain_text_ids(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids of ``text`` with special tokens not recognised (after a newline, so a
+        SentencePiece tokenizer adds no word-start marker), offsets relative to ``text``."""
+        tok = self.tokenizer
+        nl = tok("\n", add_special_tokens=False)["input_ids"]
+        enc = self._call(tok, "\n" + text, add_special_tokens=False, split_special_tokens=True,
+                         return_offsets_mapping=True)
+        ids, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])
+        if ids[: len(nl)] == nl:
+            ids, offsets = ids[len(nl):], offsets[len(nl):]
+        return ids, [(max(s - 1, 0), e - 1) for s, e in offsets]
+
+
+def _prefix(messages: Messages, n: int) -> Messages:
+    return Conversation(list(messages[:n]), getattr(messages, "tools", None))
+
+
+def _span_mask(offsets: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndarray:
+    """1 for every token whose character range overlaps one of ``spans``."""
+    mask = np.zeros(len(offsets), dtype=bool)
+    for a, b in spans:
+        mask |= (offsets[:, 0] < b) & (offsets[:, 1] > a)
+    return mask.astype(np.uint8)
+
+
+def _strip_marks(marked: str) -> tuple[str, np.ndarray, list[tuple[int, int]]]:
+    """Remove the markers: (text, position in text of every marked position (n + 1 entries),
+    character runs in text that were between a start and an end marker)."""
+    is_mark = np.frombuffer(marked.encode("utf-32-le"), dtype=np.uint32)
+    is_mark = (is_mark == ord(_MARK_START)) | (is_mark == ord(_MARK_END))
+    keep_pos = np.concatenate(([0], np.cumsum(~is_mark))).astype(np.int64)
+    text = marked.replace(_MARK_START, "").replace(_MARK_END, "")
+    runs, pos = [], 0
+    while (a := marked.find(_MARK_START, pos)) >= 0:
+        b = marked.find(_MARK_END, a)
+        if b < 0:
+            raise RecordProblem("template_error", "the chat template cut control-token text in content apart")
+        runs.append((int(keep_pos[a + 1]), int(keep_pos[b])))
+        pos = b + 1
+    return text, keep_pos, runs
 
 
 def _runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

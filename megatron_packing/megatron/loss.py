@@ -18,16 +18,16 @@ How it composes with megatron-core's schedule and DP reduction (model config
   reduction as the schedule's ``finalize_model_grads_func``.
 * Placeholder rows have an all-zero loss mask, so they add exactly zero to loss and gradient.
 
-With a megatron-core ``DistributedDataParallel`` model `train_step` takes Megatron's route
-instead: the loss function returns the raw token sum (``make_loss_func(mask, None)``), the DDP
-sums the ``main_grad`` buffers and ``finalize_model_grads`` divides once by the all-reduced
-token count, which `reduce_reported_loss` checks equals N. (Megatron rounds that 1/count to
-float32, so a float64 run matches the plain path to about 3e-8 relative, not 1e-15.)
-
 Megatron-LM's own loop reaches the same result differently (``--calculate-per-token-loss``:
 the loss returns the raw sum and its token count, DDP sums gradients, and
 ``finalize_model_grads`` divides by the all-reduced count, which equals N); see
 `megatron_packing.megatron.megatron_lm.megatron_lm_loss_func`.
+
+With a megatron-core ``DistributedDataParallel`` model `train_step` takes Megatron's route
+instead: the loss function returns the raw token sum (``make_loss_func(..., raw_sum=True)``),
+the DDP sums the ``main_grad`` buffers and ``finalize_model_grads`` divides once by the
+all-reduced token count, which `reduce_reported_loss` checks equals N. (Megatron rounds that
+1/count to float32, so a float64 run matches the plain path to about 3e-8 relative, not 1e-15.)
 """
 
 from __future__ import annotations
@@ -45,18 +45,39 @@ def masked_loss_sum(per_token_loss: torch.Tensor, loss_mask: torch.Tensor) -> to
     return (per_token_loss * mask).sum()
 
 
+def loss_divisor(global_loss_tokens: int | None) -> float:
+    """N as a divisor: refuse an unknown (None) or negative count instead of guessing one.
+
+    A step with N = 0 trains nothing (every loss term is zero), so 1 is used to avoid 0 / 0.
+    """
+    if global_loss_tokens is None:
+        raise ValueError(
+            "the step's global loss-token count is unknown (None), so the loss cannot be divided "
+            "by it: build the sampler with loss_token_counts (a dataset with a length index, "
+            "e.g. load_sft_dataset, provides them) instead of dividing by a guess"
+        )
+    if isinstance(global_loss_tokens, bool) or int(global_loss_tokens) != global_loss_tokens \
+            or global_loss_tokens < 0:
+        raise ValueError(f"global_loss_tokens must be a count >= 0, got {global_loss_tokens!r}")
+    return float(max(int(global_loss_tokens), 1))
+
+
 def make_loss_func(
-    loss_mask: torch.Tensor, global_loss_tokens: int | None, *, grad_reduce_divisor: int = 1
+    loss_mask: torch.Tensor, global_loss_tokens: int | None, *, grad_reduce_divisor: int = 1,
+    raw_sum: bool = False,
 ) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, LossReport]]:
     """Loss function for one micro-batch, in the schedule's 3-tuple protocol.
 
-    ``global_loss_tokens`` is N from the step's metadata; ``None`` returns the raw token sum,
-    for megatron-core DDP, whose ``finalize_model_grads`` divides by the all-reduced count. ``grad_reduce_divisor`` is the factor
-    by which the DP gradient reduction divides (1 for a SUM reduction, dp for an averaging one);
-    the loss is multiplied by it so that the reduced gradient is still the global one.
+    ``global_loss_tokens`` is N from the step's metadata; ``None`` (unknown) is refused.
+    ``grad_reduce_divisor`` is the factor by which the DP gradient reduction divides (1 for a
+    SUM reduction, dp for an averaging one); the loss is multiplied by it so that the reduced
+    gradient is still the global one. ``raw_sum`` returns the undivided token sum, for
+    megatron-core DDP, whose ``finalize_model_grads`` divides by the all-reduced count.
     Needs ``calculate_per_token_loss=True`` in the model config (no division by micro-batches).
     """
-    divisor = 1.0 if global_loss_tokens is None else float(max(int(global_loss_tokens), 1))
+    divisor = loss_divisor(global_loss_tokens)
+    if raw_sum:
+        divisor, grad_reduce_divisor = 1.0, 1
 
     def loss_func(per_token_loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, LossReport]:
         total = masked_loss_sum(per_token_loss, loss_mask)
@@ -68,7 +89,7 @@ def make_loss_func(
     return loss_func
 
 
-def reduce_reported_loss(reports: list[LossReport], global_loss_tokens: int,
+def reduce_reported_loss(reports: list[LossReport], global_loss_tokens: int | None,
                          group: torch.distributed.ProcessGroup | None = None, *,
                          check_tokens: bool = False) -> float:
     """The step's loss for logging: all ranks' token-loss sums / N (a collective over ``group``).
@@ -77,6 +98,7 @@ def reduce_reported_loss(reports: list[LossReport], global_loss_tokens: int,
     divided by the counted tokens, as megatron-core DDP does, a wrong N would make the logged
     loss and the gradient disagree).
     """
+    divisor = loss_divisor(global_loss_tokens)
     local = torch.zeros(2, dtype=torch.float64)  # [token-loss sum, loss tokens]
     for report in reports:
         local[0] += report["loss_sum"]
@@ -87,4 +109,4 @@ def reduce_reported_loss(reports: list[LossReport], global_loss_tokens: int,
     if check_tokens and counted != int(global_loss_tokens):
         raise ValueError(f"the loss masks hold {counted} loss tokens over all ranks but the "
                          f"step metadata says num_loss_tokens={global_loss_tokens}")
-    return float(local[0].item()) / max(int(global_loss_tokens), 1)
+    return float(local[0].item()) / divisor

@@ -63,6 +63,11 @@ class ConsumedExamples:
     def update(self, meta: StepMetadata) -> None:
         self.examples += int(meta.num_examples)
         self.tokens += int(meta.num_tokens)
+        if meta.num_loss_tokens is None:
+            raise ValueError(
+                f"step {meta.step}: the loss-token count is unknown (None), so consumed loss tokens "
+                "cannot be counted; build the sampler with loss_token_counts"
+            )
         self.loss_tokens += int(meta.num_loss_tokens)
         self.steps += 1
 

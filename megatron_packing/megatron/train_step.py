@@ -109,15 +109,15 @@ def forward_backward(model: torch.nn.Module, batch: PackedBatch, *,
         wire_megatron_grad_sync(model)
         if not forward_only:
             _drop_stale_grads(model)
-        loss_divisor = None  # finalize_model_grads divides by the all-reduced token count
     else:
         config.finalize_model_grads_func = _finalize_grads_sum(dp_group)
-        loss_divisor = global_tokens
 
     def forward_step(data_iterator, chunk):
         mb = next(data_iterator)
         losses = per_token_loss(chunk, mb, thd=thd, loss_from_logits=loss_from_logits)
-        return losses, make_loss_func(mb.loss_mask.to(losses.device), loss_divisor)
+        # With DDP, finalize_model_grads divides by the all-reduced token count: a raw sum.
+        return losses, make_loss_func(mb.loss_mask.to(losses.device), global_tokens,
+                                      raw_sum=ddp)
 
     with cuda_factories_on_cpu():
         reports = get_forward_backward_func()(

@@ -260,6 +260,17 @@ def test_rows_follow_the_thd_rules_and_add_up_to_the_metadata(lengths, setup, dp
         check_step(dataset, [s.plan for s in steps], alignment, capacity, pad_to_capacity)
 
 
+class _AlternatingMaskSFT(SyntheticSFT):
+    """Loss on every other token: a truncated example keeps some loss targets (one that keeps
+    none is refused at fetch time, see tests/faults/test_data_faults.py)."""
+
+    @staticmethod
+    def _mask(n: int) -> np.ndarray:
+        mask = np.zeros(n, dtype=np.uint8)
+        mask[1::2] = 1
+        return mask
+
+
 @settings(max_examples=15, deadline=None)
 @given(
     lengths=st.lists(st.integers(2, 900), min_size=6, max_size=30),
@@ -270,7 +281,7 @@ def test_truncated_rows_match_the_plans_loss_count(lengths, setup, dp):
     tp, cp, fp8 = setup
     alignment = make_alignment(tp, cp, fp8)
     capacity = 256
-    dataset = SyntheticSFT(lengths)
+    dataset = _AlternatingMaskSFT(lengths)
     config = PackingConfig(global_batch_size=max(dp, 6), bin_capacity=capacity,
                            packing_batch_size_allowed_variation=0.5, tp_size=tp, cp_size=cp,
                            fp8_enabled=fp8, base_order="sequential", oversize_policy="truncate")

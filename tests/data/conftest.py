@@ -78,7 +78,7 @@ CONVERSATIONS = [
         {"role": "user", "content": "Say something with ünïcode ✓ 東京"},
         {"role": "assistant", "content": "café ✓ 東京"},
         {"role": "tool", "content": "result: 3"},
-        {"role": "assistant", "content": ""},
+        {"role": "assistant", "content": "The result is 3."},
     ],
 ]
 

@@ -35,6 +35,26 @@ CASES = [
         "unknown_role",
     ),
     ("no_assistant_turn", json.dumps({"messages": [{"role": "user", "content": "a"}]}), "no_assistant_turn"),
+    (
+        "empty_assistant_content",
+        json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": " "}]}),
+        "empty_assistant_turn",
+    ),
+    ("empty_output", json.dumps({"instruction": "a", "output": ""}), "empty_assistant_turn"),
+    (
+        "null_content_without_tool_calls",
+        json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": None}]}),
+        "non_string_content",
+    ),
+    (
+        "tool_calls_template_cannot_render",
+        json.dumps({"messages": [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": None,
+             "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": "{}"}}]},
+        ]}),
+        "tools_unsupported",
+    ),
 ]
 
 
@@ -150,7 +170,8 @@ def test_invalid_options(tok, chat_file, tmp_path):
 
 
 def test_reason_keys_documented():
-    assert {c[2] for c in CASES} | {"too_long", "no_loss_tokens", "template_error"} == set(REASONS)
+    others = {"too_long", "no_loss_tokens", "template_error", "special_token_in_content"}
+    assert {c[2] for c in CASES} | others == set(REASONS)
 
 
 def test_hf_dataset_source(tok, tmp_path):
