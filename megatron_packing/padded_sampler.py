@@ -30,6 +30,7 @@ from megatron_packing.packing.microbatch import (
     make_token_balanced_microbatches,
     sort_by_length,
 )
+from megatron_packing.state_checks import check_fingerprint, check_state_keys
 
 
 class PaddedStepPlan(list):
@@ -159,6 +160,7 @@ class TokenBudgetBatchSampler:
                 f"lengths holds {self.lengths.size} entries but the base sampler yields "
                 f"{len(self._order)} examples per epoch; they must describe the same dataset"
             )
+        self._order_fingerprint = self._order.fingerprint()
         self.loss_token_counts: np.ndarray | None = None
         if loss_token_counts is not None:
             counts = example_lengths(np.asarray(loss_token_counts))
@@ -281,6 +283,7 @@ class TokenBudgetBatchSampler:
             "micro_batch_size": self.micro_batch_size,
             "split_method": self.split_method,
             "lengths_sum": int(self.lengths.sum()),
+            **self._order_fingerprint,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -294,14 +297,15 @@ class TokenBudgetBatchSampler:
             "fingerprint": self._fingerprint(),
         }
 
+    def check_state(self, state: Any) -> None:
+        """Raise unless ``state`` is a complete state of this sampler's setup (loads nothing)."""
+        check_state_keys(state, ("order", "step", "max_tokens", "budget_changes", "fingerprint"),
+                         "TokenBudgetBatchSampler")
+        check_fingerprint(state["fingerprint"], self._fingerprint())
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume exactly where ``state`` was taken; a state from another setup is an error."""
-        expected = self._fingerprint()
-        saved = state.get("fingerprint", {})
-        different = {k: (saved.get(k), v) for k, v in expected.items() if saved.get(k) != v}
-        if different:
-            detail = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in different.items())
-            raise ValueError(f"the sampler state was saved for a different setup ({detail})")
+        self.check_state(state)
         self._order.load_state_dict(state["order"])
         self._step = int(state["step"])
         self._max_tokens = state["max_tokens"]

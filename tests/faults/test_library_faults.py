@@ -9,8 +9,117 @@ from __future__ import annotations
 import re
 
 import pytest
+from loader.streams import DATASET, config, record
+from sampler.synthetic import SyntheticSFT, mixed_lengths
+from torch.utils.data import SequentialSampler
 
 from megatron_packing.config import ConfigError, PackingConfig, load_config
+from megatron_packing.loader import build_packing_sampler, build_sft_dataloader
+from megatron_packing.padded_sampler import TokenBudgetBatchSampler
+from megatron_packing.sampler import DPAlignedPackingBatchSampler
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+SEED = 11
+
+
+def loader(dataset=DATASET, seed=SEED, dp_rank=1, dp_size=2, num_workers=0, **overrides):
+    return build_sft_dataloader(dataset, config(**overrides), dp_rank=dp_rank, dp_size=dp_size,
+                                seed=seed, num_workers=num_workers)
+
+
+def state_after(steps: int, **options) -> dict:
+    source = loader(**options)
+    batches = iter(source)
+    for _ in range(steps):
+        next(batches)
+    return source.state_dict()
+
+
+def flat_stream(source, iterations: int) -> list[tuple]:
+    """The records of ``iterations`` passes over the loader (each pass: the rest of an epoch)."""
+    return [record(b) for _ in range(iterations) for b in source]
+
+
+# --------------------------------------------------------------------------- item 1
+OTHER_LENGTHS = SyntheticSFT(mixed_lengths(160, seed=6, high=700))  # same size, other lengths
+SHORTER = SyntheticSFT(mixed_lengths(150, seed=5, high=700))
+
+ORDER_CHANGES = [
+    # (id, options of the resumed loader, field, saved value, new value)
+    ("seed", dict(seed=12), "seed", SEED, 12),
+    ("base_order", dict(base_order="sequential"), "base_sampler", "SeededRandomOrder",
+     "SequentialSampler"),
+    ("dataset_lengths", dict(dataset=OTHER_LENGTHS), "lengths_sha256", None, None),
+    ("dataset_size", dict(dataset=SHORTER), "num_examples", 160, 150),
+    ("global_batch_size", dict(global_batch_size=32), "batch_size", 30, 32),
+    ("variation", dict(packing_batch_size_allowed_variation=0.2), "allowed_variation", 3, 6),
+    ("dp_size", dict(dp_size=4, dp_rank=1), "dp_size", 2, 4),
+    ("bin_capacity", dict(bin_capacity=2048), "bin_capacity", 1024, 2048),
+    ("algorithm", dict(packing_algorithm="bfd"), "algorithm", "mffd", "bfd"),
+    ("align_to_dp", dict(align_packing_bins_to_dp=False), "align_to_dp", True, False),
+    ("tp_size", dict(tp_size=2), "alignment", [1, 1], [1, 2]),
+    ("lookahead", dict(lookahead_steps=1), "lookahead_steps", 3, 1),
+    ("oversize_policy", dict(oversize_policy="own_bin"), "oversize_policy", "error", "own_bin"),
+    ("rank_assignment", dict(rank_assignment="round_robin"), "rank_assignment",
+     "karmarkar_karp", "round_robin"),
+]
+
+
+@pytest.mark.parametrize("options, field, saved, now",
+                         [case[1:] for case in ORDER_CHANGES], ids=[c[0] for c in ORDER_CHANGES])
+def test_resume_refuses_a_change_of_an_order_deciding_setting(options, field, saved, now):
+    state = state_after(2)
+    resumed = loader(**options)
+    expected = f"{field}: saved " + ("" if saved is None else re.escape(f"{saved!r}, now {now!r}"))
+    with pytest.raises(ValueError, match=rf"cannot resume: .*different setup.*{expected}"):
+        resumed.load_state_dict(state)  # refused at once, not at the first iteration
+
+
+def test_resume_refuses_another_seed_at_the_sampler_too():
+    def sampler(seed):
+        return build_packing_sampler(DATASET, config(), dp_rank=0, dp_size=2, seed=seed)
+
+    first = sampler(1)
+    next(iter(first))
+    with pytest.raises(ValueError, match="seed: saved 1, now 2"):
+        sampler(2).load_state_dict(first.state_dict())
+
+
+def test_an_identical_setup_resumes_bit_exactly():
+    reference = flat_stream(loader(), 2)
+    resumed = loader()
+    resumed.load_state_dict(state_after(2))
+    assert flat_stream(resumed, 2) == reference[2:]
+
+
+# --------------------------------------------------------------------------- item 11
+def padded_sampler():
+    return TokenBudgetBatchSampler(SequentialSampler(range(8)), [5] * 8, 4, 2, dp_rank=0)
+
+
+def packed_sampler():
+    return DPAlignedPackingBatchSampler(SequentialSampler(range(8)), [5] * 8, 4, 2,
+                                        bin_capacity=16, allowed_variation=0.25, dp_rank=0)
+
+
+@pytest.mark.parametrize("make", [packed_sampler, padded_sampler, loader],
+                         ids=["packed_sampler", "padded_sampler", "loader"])
+@pytest.mark.parametrize("state", [{}, None], ids=["empty", "none"])
+def test_loading_an_empty_or_missing_state_is_refused(make, state):
+    with pytest.raises(ValueError, match=r"state_dict\(\) returned.*do not load a state at all"):
+        make().load_state_dict(state)
+
+
+def test_a_partial_sampler_state_names_the_missing_keys():
+    state = packed_sampler().state_dict()
+    del state["carry"], state["drift"]
+    with pytest.raises(ValueError, match="a dict without carry, drift"):
+        packed_sampler().load_state_dict(state)
+
+
+def test_a_loader_state_without_a_sampler_state_is_refused():
+    with pytest.raises(ValueError, match="not a StatefulDataLoader state"):
+        loader().load_state_dict({"step": 3})
 
 
 # --------------------------------------------------------------------------- item 12 + YAML
