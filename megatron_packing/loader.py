@@ -180,6 +180,7 @@ def build_sft_dataloader(
         batch_sampler, fetch_dataset, collate_fn = build_padded_components(
             dataset, config, dp_rank=dp_rank, dp_size=dp_size,
             seed=config.seed if seed is None else seed,
+            total_steps=total_steps, eval_mode=eval_mode, base_sampler=base_sampler,
         )
         if fetch_dataset is None:
             fetch_dataset = dataset

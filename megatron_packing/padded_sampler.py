@@ -56,6 +56,7 @@ class PaddedStepPlan(list):
     global_num_tokens: int
     global_num_loss_tokens: int | None
     plan_ms: float
+    is_eval: bool
 
     @property
     def plan(self) -> PaddedStepPlan:
@@ -124,6 +125,9 @@ class TokenBudgetBatchSampler:
     ``lengths[i]`` is example i's token count; ``loss_token_counts[i]`` (optional) its trained
     tokens, so each plan carries the global loss-token count. With ``dp_rank=None`` the yielded
     list is the whole global batch (for simulation) and ``schedule`` is rank 0's.
+    ``total_steps`` ends the run after that many steps (across epochs); ``eval_mode`` marks the
+    plans as evaluation and reads whole epochs whatever ``total_steps``. ``seed`` seeds a
+    generator-less random base sampler per epoch.
     """
 
     def __init__(
@@ -138,6 +142,9 @@ class TokenBudgetBatchSampler:
         micro_batch_size: int = 1,
         loss_token_counts: Sequence[int] | np.ndarray | None = None,
         split_method: SplitMethod = SAMPLER_SPLIT_METHOD,
+        total_steps: int | None = None,
+        seed: int = 0,
+        eval_mode: bool = False,
     ) -> None:
         self.global_batch_size = _positive_int("global_batch_size", global_batch_size)
         self.dp_size = _positive_int("dp_size", dp_size)
@@ -153,7 +160,11 @@ class TokenBudgetBatchSampler:
         if split_method not in SPLIT_METHODS:
             raise ValueError(f"split_method must be one of {', '.join(SPLIT_METHODS)}, got {split_method!r}")
         self.split_method = split_method
-        self._order = EpochOrder(sampler)
+        self.eval_mode = bool(eval_mode)
+        # evaluation reads its epoch whole, as in packed mode; total_steps bounds training runs
+        self.total_steps = None if self.eval_mode else _positive_int(
+            "total_steps", total_steps, allow_none=True)
+        self._order = EpochOrder(sampler, seed=seed)
         self.lengths = example_lengths(np.asarray(lengths))
         if self.lengths.size != len(self._order):
             raise ValueError(
@@ -220,6 +231,8 @@ class TokenBudgetBatchSampler:
         if self._order.consumed > 0 and self._order.remaining == 0:
             self._order.start_epoch(self._order.epoch + 1)
         while self._order.remaining > 0:
+            if self.total_steps is not None and self._step >= self.total_steps:
+                return  # the run's horizon: steps count across epochs
             yield self._plan_next()
 
     def _plan_next(self) -> PaddedStepPlan:
@@ -271,6 +284,7 @@ class TokenBudgetBatchSampler:
             else None
         )
         self._step += 1
+        plan.is_eval = self.eval_mode
         plan.plan_ms = (time.perf_counter() - started) * 1000.0
         return plan
 
@@ -282,6 +296,7 @@ class TokenBudgetBatchSampler:
             "dp_size": self.dp_size,
             "micro_batch_size": self.micro_batch_size,
             "split_method": self.split_method,
+            "eval_mode": self.eval_mode,
             "lengths_sum": int(self.lengths.sum()),
             **self._order_fingerprint,
         }
@@ -313,12 +328,12 @@ class TokenBudgetBatchSampler:
 
 
 def build_padded_components(
-    dataset: Any, config: Any, *, dp_rank: int, dp_size: int, seed: int
+    dataset: Any, config: Any, *, dp_rank: int, dp_size: int, seed: int, **options: Any
 ) -> tuple[TokenBudgetBatchSampler, Any, Any]:
     """(batch_sampler, dataset_wrapper, collate_fn) for padded mode; see `padded_collate`."""
     from megatron_packing.padded_collate import build_padded_components as build
 
-    return build(dataset, config, dp_rank=dp_rank, dp_size=dp_size, seed=seed)
+    return build(dataset, config, dp_rank=dp_rank, dp_size=dp_size, seed=seed, **options)
 
 
 __all__ = [

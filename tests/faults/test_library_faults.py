@@ -167,3 +167,50 @@ def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, text, line):
     path = write(tmp_path, text)
     with pytest.raises(ConfigError, match=re.escape(f"{path}: not valid YAML at line {line}, ")):
         load_config(path)
+
+
+# --------------------------------------------------------------------------- item 13
+PADDED = dict(use_sequence_packing=False, align_packing_bins_to_dp=False, micro_batch_size=2)
+
+
+class Reversed(SequentialSampler):
+    def __iter__(self):
+        return iter(range(len(self) - 1, -1, -1))
+
+
+def padded_global_order(**options) -> tuple[list[int], list]:
+    """Every step's global batch (both ranks' examples, in order) and the metadata."""
+    loaders = [build_sft_dataloader(DATASET, config(**PADDED), dp_rank=r, dp_size=2, seed=SEED,
+                                    **options) for r in range(2)]
+    order, metas = [], []
+    for batches in zip(*loaders, strict=True):
+        order.extend(i for b in batches for i in b.example_indices)
+        metas.append(batches[0].meta)
+    return order, metas
+
+
+def test_padded_mode_honours_total_steps():
+    order, metas = padded_global_order(total_steps=2)
+    assert [m.step for m in metas] == [0, 1] and len(order) == 60
+    _, full = padded_global_order()
+    assert len(full) == 6
+
+
+def test_padded_mode_eval_reads_one_whole_epoch_in_sequential_order():
+    order, metas = padded_global_order(eval_mode=True, total_steps=2)
+    assert order == list(range(len(DATASET)))
+    assert all(m.is_eval for m in metas) and len(metas) == 6
+
+
+def test_padded_mode_uses_the_given_base_sampler():
+    order, metas = padded_global_order(base_sampler=Reversed(range(len(DATASET))))
+    assert order == list(range(len(DATASET) - 1, -1, -1))
+    assert not any(m.is_eval for m in metas)
+
+
+def test_padded_mode_refuses_a_resume_with_another_seed():
+    first = build_sft_dataloader(DATASET, config(**PADDED), dp_rank=0, dp_size=2, seed=1)
+    next(iter(first))
+    second = build_sft_dataloader(DATASET, config(**PADDED), dp_rank=0, dp_size=2, seed=2)
+    with pytest.raises(ValueError, match="seed: saved 1, now 2"):
+        second.load_state_dict(first.state_dict())
