@@ -55,6 +55,22 @@ class PackingDataLoader(StatefulDataLoader):
         super().load_state_dict(state_dict)
 
 
+def check_not_empty(dataset: Any) -> None:
+    """An empty dataset (or one whose every record was skipped) cannot train: say so at once."""
+    if len(dataset) > 0:
+        return
+    skipped = dict(getattr(dataset, "skipped", None) or {})
+    if skipped:
+        reasons = ", ".join(f"{reason}={count}" for reason, count in sorted(skipped.items()))
+        raise ValueError(
+            f"the dataset has 0 examples ({sum(skipped.values())} skipped: {reasons}): nothing "
+            "to train on; every record was skipped as bad (load with on_bad_record='error' to "
+            "see the first one and why)"
+        )
+    raise ValueError("the dataset has 0 examples: nothing to train on; check the data sources "
+                     "(an empty file, or a selection that matched nothing)")
+
+
 def example_lengths(dataset: Any) -> tuple[np.ndarray, np.ndarray]:
     """(lengths, loss-token counts) of every example: from the dataset's index when it has one.
 
@@ -101,6 +117,7 @@ def build_packing_sampler(
     base_sampler: Any = None,
 ) -> DPAlignedPackingBatchSampler:
     """The packed-mode batch sampler for a dataset, as `build_sft_dataloader` makes it."""
+    check_not_empty(dataset)
     lengths, counts = example_lengths(dataset)
     if base_sampler is None:
         kind = "sequential" if eval_mode else config.base_order
@@ -159,6 +176,7 @@ def build_sft_dataloader(
     config.validate(dp_size)
     if not 0 <= dp_rank < dp_size:
         raise ValueError(f"dp_rank must be in [0, {dp_size}), got {dp_rank}")
+    check_not_empty(dataset)
     if base_sampler is not None and not hasattr(base_sampler, "__len__"):
         raise ValueError(
             f"base_sampler {type(base_sampler).__name__} has no __len__: the packing sampler "

@@ -165,6 +165,11 @@ class TokenBudgetBatchSampler:
         self.total_steps = None if self.eval_mode else _positive_int(
             "total_steps", total_steps, allow_none=True)
         self._order = EpochOrder(sampler, seed=seed)
+        if len(self._order) == 0:
+            raise ValueError(
+                "the dataset has 0 examples (the base sampler covers none): there is nothing to "
+                "plan; check the data sources (an empty file, or every record skipped)"
+            )
         self.lengths = example_lengths(np.asarray(lengths))
         if self.lengths.size != len(self._order):
             raise ValueError(

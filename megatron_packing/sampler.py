@@ -159,6 +159,11 @@ class DPAlignedPackingBatchSampler:
                 f"the base sampler covers {len(self.order)} examples but only "
                 f"{len(self.lengths)} lengths were given"
             )
+        if len(self.order) == 0:
+            raise ValueError(
+                "the dataset has 0 examples (the base sampler covers none): there is nothing to "
+                "plan; check the data sources (an empty file, or every record skipped)"
+            )
         self.batch_size = batch_size
         self.dp_size = dp_size
         self.dp_rank = dp_rank

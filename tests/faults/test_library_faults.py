@@ -7,6 +7,7 @@ behaviour or a clear error naming the field / file / value; the expected message
 from __future__ import annotations
 
 import re
+import warnings
 
 import pytest
 from loader.streams import DATASET, config, record
@@ -214,3 +215,39 @@ def test_padded_mode_refuses_a_resume_with_another_seed():
     second = build_sft_dataloader(DATASET, config(**PADDED), dp_rank=0, dp_size=2, seed=2)
     with pytest.raises(ValueError, match="seed: saved 1, now 2"):
         second.load_state_dict(first.state_dict())
+
+
+# --------------------------------------------------------------------------- item 7
+EMPTY = SyntheticSFT([])
+
+
+@pytest.mark.parametrize("packing", [True, False], ids=["packed", "padded"])
+def test_an_empty_dataset_is_refused_when_the_loader_is_built(packing):
+    options = {} if packing else PADDED
+    with pytest.raises(ValueError, match="the dataset has 0 examples: nothing to train on"):
+        loader(dataset=EMPTY, **options)
+
+
+def test_empty_samplers_are_refused():
+    with pytest.raises(ValueError, match="the dataset has 0 examples"):
+        DPAlignedPackingBatchSampler(SequentialSampler(range(0)), [], 4, 2, bin_capacity=16,
+                                     allowed_variation=0.25)
+    with pytest.raises(ValueError, match="the dataset has 0 examples"):
+        TokenBudgetBatchSampler(SequentialSampler(range(0)), [], 4, 2, dp_rank=0)
+
+
+def test_a_fully_skipped_dataset_names_the_skips(tmp_path):
+    from data.conftest import CONVERSATIONS, make_tokenizer, write_jsonl
+
+    from megatron_packing.data import load_sft_dataset
+
+    path = write_jsonl(tmp_path / "d.jsonl", [{"messages": c} for c in CONVERSATIONS[:2]]
+                       + [{"messages": []}])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dataset = load_sft_dataset(path, make_tokenizer(), cache_dir=tmp_path / "c", max_length=5,
+                                   on_bad_record="skip", show_progress=False)
+    assert len(dataset) == 0
+    with pytest.raises(ValueError, match=r"0 examples \(3 skipped: empty_conversation=1, "
+                       r"no_loss_tokens=2\): nothing to train on"):
+        loader(dataset=dataset)
