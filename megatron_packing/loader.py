@@ -3,8 +3,8 @@
 Packed mode (``use_sequence_packing: true``) plans steps with `DPAlignedPackingBatchSampler`
 (varying the batch size only when ``align_packing_bins_to_dp: true``), fetches each rank's own
 examples with the plan attached, and collates them into `PackedBatch` objects. The loader's
-``state_dict()`` holds the sampler's cursor and carry buffer, so a resume is exact; a state from
-another setup, or an empty one, is refused.
+``state_dict()`` holds the sampler's cursor and carry buffer, so a resume is exact, also into a
+loader with another ``num_workers``; a state from another setup, or an empty one, is refused.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from megatron_packing.base_order import make_base_order
 from megatron_packing.collate import PackedCollator
 from megatron_packing.config import PackingConfig
 from megatron_packing.fetch import PlannedDataset
-from megatron_packing.loader_state import sampler_state
+from megatron_packing.loader_state import for_worker_count, sampler_state
 from megatron_packing.sampler import DPAlignedPackingBatchSampler
 
 # The key torchdata's loader state uses for "this epoch's iterator was exhausted".
@@ -37,7 +37,7 @@ class PackingDataLoader(StatefulDataLoader):
     """
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore a state from `state_dict`, checked against this loader's setup.
+        """Restore a state from `state_dict`, also one saved with another ``num_workers``.
 
         An empty or missing state is refused: torchdata would silently start from step 0.
         """
@@ -50,6 +50,7 @@ class PackingDataLoader(StatefulDataLoader):
         check = getattr(self.batch_sampler, "check_state", None)
         if callable(check):  # refuse a wrong state now, not at the first iteration
             check(sampler_state(state_dict))
+        state_dict = for_worker_count(state_dict, self.num_workers, self.batch_sampler)
         if state_dict.get(_ITERATOR_FINISHED):
             state_dict = {**state_dict, _ITERATOR_FINISHED: False}
         super().load_state_dict(state_dict)

@@ -14,8 +14,10 @@ from loader.streams import DATASET, config, record
 from sampler.synthetic import SyntheticSFT, mixed_lengths
 from torch.utils.data import SequentialSampler
 
+from megatron_packing.collate import PackedCollator
 from megatron_packing.config import ConfigError, PackingConfig, load_config
-from megatron_packing.loader import build_packing_sampler, build_sft_dataloader
+from megatron_packing.fetch import PlannedDataset
+from megatron_packing.loader import PackingDataLoader, build_packing_sampler, build_sft_dataloader
 from megatron_packing.padded_sampler import TokenBudgetBatchSampler
 from megatron_packing.sampler import DPAlignedPackingBatchSampler
 
@@ -251,3 +253,65 @@ def test_a_fully_skipped_dataset_names_the_skips(tmp_path):
     with pytest.raises(ValueError, match=r"0 examples \(3 skipped: empty_conversation=1, "
                        r"no_loss_tokens=2\): nothing to train on"):
         loader(dataset=dataset)
+
+
+# --------------------------------------------------------------------------- num_workers
+@pytest.mark.parametrize("saved_with, resumed_with, steps", [
+    (0, 2, 2), (2, 0, 2), (2, 0, 6), (0, 2, 6), (2, 3, 4),
+], ids=["0to2", "2to0", "2to0_epoch_end", "0to2_epoch_end", "2to3"])
+def test_resume_with_another_num_workers_equals_the_uninterrupted_stream(saved_with, resumed_with,
+                                                                        steps):
+    reference = flat_stream(loader(), 3)
+    resumed = loader(num_workers=resumed_with)
+    resumed.load_state_dict(state_after(steps, num_workers=saved_with))
+    got = flat_stream(resumed, 2)  # the rest of this epoch (none at its end), then a whole one
+    assert len(got) == (12 - steps if steps < 6 else 12)
+    assert got == reference[steps:steps + len(got)]
+
+
+def test_a_state_from_a_finished_epoch_moves_between_worker_counts():
+    reference = flat_stream(loader(), 2)
+    source = loader(num_workers=2)
+    assert len(flat_stream(source, 1)) == 6
+    resumed = loader()
+    resumed.load_state_dict(source.state_dict())
+    assert flat_stream(resumed, 1) == reference[6:]
+
+
+def take(source, count: int) -> list[tuple]:
+    """The next ``count`` steps, crossing epochs as a training loop does."""
+    out: list[tuple] = []
+    while True:
+        for batch in source:
+            out.append(record(batch))
+            if len(out) == count:
+                return out
+
+
+def test_several_resumes_alternating_worker_counts():
+    reference = flat_stream(loader(), 3)
+    got, state = [], None
+    for workers, steps in [(0, 2), (2, 3), (0, 2), (2, 5), (3, 4), (0, 2)]:
+        current = loader(num_workers=workers)
+        if state is not None:
+            current.load_state_dict(state)
+        got += take(current, steps)
+        state = current.state_dict()
+    assert got == reference
+
+
+def test_a_lagging_worker_snapshot_is_replayed_when_moving_to_no_workers():
+    """With snapshot_every_n_steps > 1 the saved snapshot trails the yielded steps."""
+    sampler = build_packing_sampler(DATASET, config(), dp_rank=1, dp_size=2, seed=SEED)
+    collate = PackedCollator(sampler.alignment, 1024)
+    source = PackingDataLoader(PlannedDataset(DATASET), batch_sampler=sampler, collate_fn=collate,
+                               num_workers=2, snapshot_every_n_steps=4)
+    batches = iter(source)
+    for _ in range(3):
+        next(batches)
+    state = source.state_dict()
+    assert state["_steps_since_snapshot"] == 3  # the case under test
+    reference = flat_stream(loader(), 2)
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert flat_stream(resumed, 2) == reference[3:]
