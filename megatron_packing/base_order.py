@@ -131,6 +131,28 @@ class EpochOrder:
         return generator if isinstance(generator, torch.Generator) else None
 
     # ------------------------------------------------------------------ state
+    def fingerprint(self) -> dict[str, Any]:
+        """What decides this order, for refusing a resume into a different one.
+
+        Call before the first epoch: a generator this cursor seeds per epoch is not yet made.
+        """
+        sampler = self.sampler
+        seed: Any = None
+        if isinstance(sampler, SeededRandomOrder):
+            seed = sampler.seed
+        elif self._owns_generator or (hasattr(sampler, "generator") and sampler.generator is None):
+            seed = self.seed  # a generator-less random sampler is seeded from (seed, epoch)
+        elif isinstance(getattr(sampler, "generator", None), torch.Generator):
+            seed = int(sampler.generator.initial_seed())
+        elif isinstance(getattr(sampler, "seed", None), int):
+            seed = sampler.seed
+        shuffle = getattr(sampler, "shuffle", None)
+        return {
+            "base_sampler": type(sampler).__name__,
+            "seed": seed,
+            "shuffle": shuffle if isinstance(shuffle, bool) else None,
+        }
+
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"epoch": self.epoch, "consumed": self.consumed}
         if self._stateful and self.consumed > 0:

@@ -122,6 +122,12 @@ class PackingConfig:
         _require_choice("rank_assignment", self.rank_assignment, RANK_ASSIGNMENTS)
         if self.fp8_recipe is not None:
             _require_choice("fp8_recipe", self.fp8_recipe, FP8_RECIPES)
+            if self.fp8_enabled is not True:
+                raise ConfigError(
+                    f"fp8_recipe={self.fp8_recipe!r} is set but fp8_enabled is "
+                    f"{self.fp8_enabled!r}: the recipe only takes effect with fp8_enabled: true; "
+                    "set fp8_enabled: true, or remove fp8_recipe"
+                )
         if not (isinstance(self.attention_cost_constant, int | float)
                 and self.attention_cost_constant > 0):
             raise ConfigError(
@@ -176,17 +182,10 @@ class PackingConfig:
 def load_config(path: str | Path, *, dp_size: int | None = None) -> PackingConfig:
     """Read the ``packing:`` section of a training YAML (or a file of packing keys) and validate."""
     path = Path(path)
-    try:
-        document = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
-    if document is None:
-        document = {}
-    if not isinstance(document, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
+    document = read_yaml_mapping(path)
     section = document.get("packing", document)
+    if section is None:
+        section = {}
     try:
         return PackingConfig.from_dict(section, source=str(path)).validate(dp_size)
     except ConfigError as err:
@@ -194,6 +193,53 @@ def load_config(path: str | Path, *, dp_size: int | None = None) -> PackingConfi
         if not message.startswith(str(path)):
             message = f"{path}: {message}"
         raise ConfigError(message) from None
+
+
+def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """Parse a YAML config file whose top level must be a mapping (an empty file is ``{}``).
+
+    Errors name the file: a missing file, a syntax error (with its line and column), or a top
+    level that is a list or a scalar rather than a mapping of keys.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except (IsADirectoryError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read the config file: {err}") from None
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(_describe_yaml_error(path, err)) from None
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        shown = repr(document)
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        raise ConfigError(
+            f"{path}: expected a mapping of keys at the top level (e.g. 'packing:' or "
+            f"'global_batch_size: 128'), got a YAML {_yaml_kind(document)}: {shown}"
+        )
+    return document
+
+
+def _describe_yaml_error(path: Path, err: yaml.YAMLError) -> str:
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    problem = getattr(err, "problem", None) or str(err)
+    context = getattr(err, "context", None)
+    detail = f"{context}, {problem}" if context else problem
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{path}: not valid YAML{where}: {detail}"
+
+
+def _yaml_kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, str):
+        return "string"
+    return f"scalar ({type(value).__name__})"
 
 
 def dataclass_from_mapping(cls: type, values: Any, *, source: str, what: str = "key") -> Any:

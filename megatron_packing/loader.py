@@ -3,7 +3,8 @@
 Packed mode (``use_sequence_packing: true``) plans steps with `DPAlignedPackingBatchSampler`
 (varying the batch size only when ``align_packing_bins_to_dp: true``), fetches each rank's own
 examples with the plan attached, and collates them into `PackedBatch` objects. The loader's
-``state_dict()`` holds the sampler's cursor and carry buffer, so a resume is exact.
+``state_dict()`` holds the sampler's cursor and carry buffer, so a resume is exact, also into a
+loader with another ``num_workers``; a state from another setup, or an empty one, is refused.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from megatron_packing.base_order import make_base_order
 from megatron_packing.collate import PackedCollator
 from megatron_packing.config import PackingConfig
 from megatron_packing.fetch import PlannedDataset
+from megatron_packing.loader_state import for_worker_count, sampler_state
 from megatron_packing.sampler import DPAlignedPackingBatchSampler
 
 # The key torchdata's loader state uses for "this epoch's iterator was exhausted".
@@ -35,9 +37,39 @@ class PackingDataLoader(StatefulDataLoader):
     """
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a state from `state_dict`, also one saved with another ``num_workers``.
+
+        An empty or missing state is refused: torchdata would silently start from step 0.
+        """
+        if not isinstance(state_dict, dict) or not state_dict:
+            raise ValueError(
+                f"load_state_dict got {state_dict!r:.60}, not a loader state: pass the dict "
+                "that loader.state_dict() returned (saved in the checkpoint); to start from "
+                "the beginning, do not load a state at all"
+            )
+        check = getattr(self.batch_sampler, "check_state", None)
+        if callable(check):  # refuse a wrong state now, not at the first iteration
+            check(sampler_state(state_dict))
+        state_dict = for_worker_count(state_dict, self.num_workers, self.batch_sampler)
         if state_dict.get(_ITERATOR_FINISHED):
             state_dict = {**state_dict, _ITERATOR_FINISHED: False}
         super().load_state_dict(state_dict)
+
+
+def check_not_empty(dataset: Any) -> None:
+    """An empty dataset (or one whose every record was skipped) cannot train: say so at once."""
+    if len(dataset) > 0:
+        return
+    skipped = dict(getattr(dataset, "skipped", None) or {})
+    if skipped:
+        reasons = ", ".join(f"{reason}={count}" for reason, count in sorted(skipped.items()))
+        raise ValueError(
+            f"the dataset has 0 examples ({sum(skipped.values())} skipped: {reasons}): nothing "
+            "to train on; every record was skipped as bad (load with on_bad_record='error' to "
+            "see the first one and why)"
+        )
+    raise ValueError("the dataset has 0 examples: nothing to train on; check the data sources "
+                     "(an empty file, or a selection that matched nothing)")
 
 
 def example_lengths(dataset: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -86,6 +118,7 @@ def build_packing_sampler(
     base_sampler: Any = None,
 ) -> DPAlignedPackingBatchSampler:
     """The packed-mode batch sampler for a dataset, as `build_sft_dataloader` makes it."""
+    check_not_empty(dataset)
     lengths, counts = example_lengths(dataset)
     if base_sampler is None:
         kind = "sequential" if eval_mode else config.base_order
@@ -144,6 +177,7 @@ def build_sft_dataloader(
     config.validate(dp_size)
     if not 0 <= dp_rank < dp_size:
         raise ValueError(f"dp_rank must be in [0, {dp_size}), got {dp_rank}")
+    check_not_empty(dataset)
     if base_sampler is not None and not hasattr(base_sampler, "__len__"):
         raise ValueError(
             f"base_sampler {type(base_sampler).__name__} has no __len__: the packing sampler "
@@ -165,6 +199,7 @@ def build_sft_dataloader(
         batch_sampler, fetch_dataset, collate_fn = build_padded_components(
             dataset, config, dp_rank=dp_rank, dp_size=dp_size,
             seed=config.seed if seed is None else seed,
+            total_steps=total_steps, eval_mode=eval_mode, base_sampler=base_sampler,
         )
         if fetch_dataset is None:
             fetch_dataset = dataset

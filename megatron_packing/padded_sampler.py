@@ -30,6 +30,7 @@ from megatron_packing.packing.microbatch import (
     make_token_balanced_microbatches,
     sort_by_length,
 )
+from megatron_packing.state_checks import check_fingerprint, check_state_keys
 
 
 class PaddedStepPlan(list):
@@ -55,6 +56,7 @@ class PaddedStepPlan(list):
     global_num_tokens: int
     global_num_loss_tokens: int | None
     plan_ms: float
+    is_eval: bool
 
     @property
     def plan(self) -> PaddedStepPlan:
@@ -123,6 +125,9 @@ class TokenBudgetBatchSampler:
     ``lengths[i]`` is example i's token count; ``loss_token_counts[i]`` (optional) its trained
     tokens, so each plan carries the global loss-token count. With ``dp_rank=None`` the yielded
     list is the whole global batch (for simulation) and ``schedule`` is rank 0's.
+    ``total_steps`` ends the run after that many steps (across epochs); ``eval_mode`` marks the
+    plans as evaluation and reads whole epochs whatever ``total_steps``. ``seed`` seeds a
+    generator-less random base sampler per epoch.
     """
 
     def __init__(
@@ -137,6 +142,9 @@ class TokenBudgetBatchSampler:
         micro_batch_size: int = 1,
         loss_token_counts: Sequence[int] | np.ndarray | None = None,
         split_method: SplitMethod = SAMPLER_SPLIT_METHOD,
+        total_steps: int | None = None,
+        seed: int = 0,
+        eval_mode: bool = False,
     ) -> None:
         self.global_batch_size = _positive_int("global_batch_size", global_batch_size)
         self.dp_size = _positive_int("dp_size", dp_size)
@@ -152,13 +160,23 @@ class TokenBudgetBatchSampler:
         if split_method not in SPLIT_METHODS:
             raise ValueError(f"split_method must be one of {', '.join(SPLIT_METHODS)}, got {split_method!r}")
         self.split_method = split_method
-        self._order = EpochOrder(sampler)
+        self.eval_mode = bool(eval_mode)
+        # evaluation reads its epoch whole, as in packed mode; total_steps bounds training runs
+        self.total_steps = None if self.eval_mode else _positive_int(
+            "total_steps", total_steps, allow_none=True)
+        self._order = EpochOrder(sampler, seed=seed)
+        if len(self._order) == 0:
+            raise ValueError(
+                "the dataset has 0 examples (the base sampler covers none): there is nothing to "
+                "plan; check the data sources (an empty file, or every record skipped)"
+            )
         self.lengths = example_lengths(np.asarray(lengths))
         if self.lengths.size != len(self._order):
             raise ValueError(
                 f"lengths holds {self.lengths.size} entries but the base sampler yields "
                 f"{len(self._order)} examples per epoch; they must describe the same dataset"
             )
+        self._order_fingerprint = self._order.fingerprint()
         self.loss_token_counts: np.ndarray | None = None
         if loss_token_counts is not None:
             counts = example_lengths(np.asarray(loss_token_counts))
@@ -218,6 +236,8 @@ class TokenBudgetBatchSampler:
         if self._order.consumed > 0 and self._order.remaining == 0:
             self._order.start_epoch(self._order.epoch + 1)
         while self._order.remaining > 0:
+            if self.total_steps is not None and self._step >= self.total_steps:
+                return  # the run's horizon: steps count across epochs
             yield self._plan_next()
 
     def _plan_next(self) -> PaddedStepPlan:
@@ -269,6 +289,7 @@ class TokenBudgetBatchSampler:
             else None
         )
         self._step += 1
+        plan.is_eval = self.eval_mode
         plan.plan_ms = (time.perf_counter() - started) * 1000.0
         return plan
 
@@ -280,7 +301,9 @@ class TokenBudgetBatchSampler:
             "dp_size": self.dp_size,
             "micro_batch_size": self.micro_batch_size,
             "split_method": self.split_method,
+            "eval_mode": self.eval_mode,
             "lengths_sum": int(self.lengths.sum()),
+            **self._order_fingerprint,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -294,14 +317,15 @@ class TokenBudgetBatchSampler:
             "fingerprint": self._fingerprint(),
         }
 
+    def check_state(self, state: Any) -> None:
+        """Raise unless ``state`` is a complete state of this sampler's setup (loads nothing)."""
+        check_state_keys(state, ("order", "step", "max_tokens", "budget_changes", "fingerprint"),
+                         "TokenBudgetBatchSampler")
+        check_fingerprint(state["fingerprint"], self._fingerprint())
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume exactly where ``state`` was taken; a state from another setup is an error."""
-        expected = self._fingerprint()
-        saved = state.get("fingerprint", {})
-        different = {k: (saved.get(k), v) for k, v in expected.items() if saved.get(k) != v}
-        if different:
-            detail = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in different.items())
-            raise ValueError(f"the sampler state was saved for a different setup ({detail})")
+        self.check_state(state)
         self._order.load_state_dict(state["order"])
         self._step = int(state["step"])
         self._max_tokens = state["max_tokens"]
@@ -309,12 +333,12 @@ class TokenBudgetBatchSampler:
 
 
 def build_padded_components(
-    dataset: Any, config: Any, *, dp_rank: int, dp_size: int, seed: int
+    dataset: Any, config: Any, *, dp_rank: int, dp_size: int, seed: int, **options: Any
 ) -> tuple[TokenBudgetBatchSampler, Any, Any]:
     """(batch_sampler, dataset_wrapper, collate_fn) for padded mode; see `padded_collate`."""
     from megatron_packing.padded_collate import build_padded_components as build
 
-    return build(dataset, config, dp_rank=dp_rank, dp_size=dp_size, seed=seed)
+    return build(dataset, config, dp_rank=dp_rank, dp_size=dp_size, seed=seed, **options)
 
 
 __all__ = [

@@ -32,8 +32,10 @@ from megatron_packing.packing.balance import (
 )
 from megatron_packing.packing.factory import make_seq_packer
 from megatron_packing.packing.step_sizing import StepContext, StepSizer
+from megatron_packing.state_checks import check_fingerprint, check_state_keys
 
 STATE_FORMAT_VERSION = 1
+STATE_KEYS = ("version", "fingerprint", "order", "carry", "step", "step_in_epoch", "drift")
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,11 @@ class DPAlignedPackingBatchSampler:
                 f"the base sampler covers {len(self.order)} examples but only "
                 f"{len(self.lengths)} lengths were given"
             )
+        if len(self.order) == 0:
+            raise ValueError(
+                "the dataset has 0 examples (the base sampler covers none): there is nothing to "
+                "plan; check the data sources (an empty file, or every record skipped)"
+            )
         self.batch_size = batch_size
         self.dp_size = dp_size
         self.dp_rank = dp_rank
@@ -196,6 +203,7 @@ class DPAlignedPackingBatchSampler:
         self.lookahead_steps = lookahead_steps
         self._fingerprint = self._make_fingerprint(algorithm, oversize_policy, tp_size, cp_size,
                                                    fp8_enabled, fp8_recipe, max_packs)
+        self._fingerprint.update(self.order.fingerprint())
         # stream state
         self._carry: list[int] = []
         self._step = 0
@@ -358,7 +366,8 @@ class DPAlignedPackingBatchSampler:
             "eval_mode": self.eval_mode,
             "lookahead_steps": self.lookahead_steps,
             "max_packs": max_packs,
-            "base_sampler": type(self.order.sampler).__name__,
+            "rank_assignment": self.rank_assignment,
+            "attention_cost_constant": self.attention_cost_constant,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -374,24 +383,24 @@ class DPAlignedPackingBatchSampler:
             "warned_hopeless": self._warned_hopeless,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def check_state(self, state: Any) -> None:
+        """Raise unless ``state`` is a complete state of this sampler's setup (loads nothing)."""
+        check_state_keys(state, STATE_KEYS, "DPAlignedPackingBatchSampler")
         version = state.get("version")
         if version != STATE_FORMAT_VERSION:
             raise ValueError(
                 f"sampler state has format version {version!r}; this build reads version "
                 f"{STATE_FORMAT_VERSION}"
             )
-        saved = state["fingerprint"]
-        differing = [
-            f"{key}: saved {saved.get(key)!r}, now {value!r}"
-            for key, value in self._fingerprint.items()
-            if saved.get(key) != value
-        ]
-        if differing:
-            raise ValueError(
-                "the saved sampler state does not match this dataset/config: "
-                + "; ".join(differing)
-            )
+        check_fingerprint(state["fingerprint"], self._fingerprint)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume exactly where ``state`` (from `state_dict`) was taken.
+
+        A state from a setup that orders or plans examples differently (another seed, dataset,
+        batch size, dp size, capacity, ...) is refused, naming each differing setting.
+        """
+        self.check_state(state)
         self.order.load_state_dict(state["order"])
         self._carry = [int(i) for i in state["carry"]]
         self._step = int(state["step"])
