@@ -197,6 +197,7 @@ def run_as_torchrun_rank(fn: Callable[..., Any], *args: Any) -> None:
     if launched is None:
         raise RuntimeError(f"not started by torchrun: {', '.join(TORCHRUN_VARS)} are not all set")
     rank, world_size = launched
+    _die_with_parent(os.getppid())  # the torchrun agent
     install_stop_handlers()
     init_data_parallel(rank, world_size, None)
     try:
