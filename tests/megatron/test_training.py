@@ -137,4 +137,5 @@ def test_loss_falls_and_outputs_exist(runs):
     assert full[-1]["train/loss"] < full[0]["train/loss"]
     ckpt = Path(runs["dirs"]["full"]) / "checkpoints"
     assert (ckpt / "latest").read_text().strip() == f"step_{STEPS:06d}"
-    assert {p.name for p in (ckpt / f"step_{STEPS:06d}").iterdir()} == {"rank0.pt", "rank1.pt"}
+    assert {p.name for p in (ckpt / f"step_{STEPS:06d}").iterdir()} == {"rank0.pt", "rank1.pt",
+                                                                     "manifest.json"}
