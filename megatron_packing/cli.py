@@ -8,17 +8,33 @@ from collections.abc import Sequence
 
 
 def _train(args: argparse.Namespace) -> int:
-    from megatron_packing.megatron.demo_trainer import format_summary, train
+    """Check everything that can be checked, then train (spawning ranks, or under torchrun)."""
+    from megatron_packing.config import ConfigError
+    from megatron_packing.megatron.checkpoint import CheckpointError
+    from megatron_packing.megatron.demo_trainer import TrainingError, format_summary, train
+    from megatron_packing.megatron.launch import RunInterrupted, is_main_process
+    from megatron_packing.megatron.run_lock import OutputDirInUse
     from megatron_packing.megatron.trainer_config import load_training_config
 
-    cfg = load_training_config(args.config)
-    if args.steps is not None:
-        cfg.train.steps = args.steps
-    out = args.output_dir or cfg.train.output_dir
-    summary = train(cfg, output_dir=out, resume=args.resume, use_wandb=not args.no_wandb)
-    print("\n== summary ==")
-    print(format_summary(summary))
-    print(f"outputs          {out}/ (metrics.jsonl, metrics.png, summary.json, checkpoints/)")
+    try:
+        cfg = load_training_config(args.config)
+        if args.steps is not None:
+            if args.steps < 1:
+                raise ConfigError(f"--steps must be an integer >= 1, got {args.steps}")
+            cfg.train.steps = args.steps
+        out = args.output_dir or cfg.train.output_dir
+        summary = train(cfg, output_dir=out, resume=args.resume, use_wandb=not args.no_wandb)
+    except RunInterrupted as exc:
+        print(f"megatron-packing train: {exc}; the latest checkpoint is under {out}/checkpoints "
+              "and --resume continues from it", file=sys.stderr, flush=True)
+        return 128 + exc.signum
+    except (ConfigError, CheckpointError, TrainingError, OutputDirInUse) as exc:
+        print(f"megatron-packing train: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    if is_main_process():
+        print("\n== summary ==")
+        print(format_summary(summary))
+        print(f"outputs          {out}/ (metrics.jsonl, metrics.png, summary.json, checkpoints/)")
     return 0
 
 
@@ -30,13 +46,23 @@ def _simulate(argv: Sequence[str]) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from megatron_packing.config import ConfigError
 
-    import yaml
+    try:
+        return _inspect_config(args)
+    except ConfigError as exc:
+        print(f"megatron-packing inspect: error: {exc}", file=sys.stderr, flush=True)
+        return 2
 
+
+def _inspect_config(args: argparse.Namespace) -> int:
     from megatron_packing.config import PackingConfig
+    from megatron_packing.megatron.trainer_config import read_yaml, training_config_from_dict
 
-    document = yaml.safe_load(Path(args.config).read_text()) or {}
+    document = read_yaml(args.config) or {}
+    if isinstance(document, dict) and "packing" in document:
+        # A training YAML: check every section the way `train` will.
+        training_config_from_dict(document, source=args.config)
     section = document.get("packing", document) if isinstance(document, dict) else {}
     dp = args.dp_size
     if dp is None and isinstance(document, dict):
@@ -44,7 +70,8 @@ def _inspect(args: argparse.Namespace) -> int:
     packing = PackingConfig.from_dict(section, source=args.config).validate(dp)
     print(f"packing ({args.config}, dp={dp}):")
     for key, value in packing.to_dict().items():
-        print(f"  {key}: {value}")
+        note = "   (the example order's seed: the one `train` uses)" if key == "seed" else ""
+        print(f"  {key}: {value}{note}")
     print(f"  v (allowed batch variation): {packing.allowed_variation} examples "
           f"-> batch size in [{packing.global_batch_size - packing.allowed_variation}, "
           f"{packing.global_batch_size + packing.allowed_variation}]")

@@ -103,28 +103,60 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def truncate_jsonl(path: str | Path, *, keep_steps_below: int) -> None:
-    """Drop records of steps >= ``keep_steps_below`` (steps redone after a resume)."""
+def truncate_jsonl(path: str | Path, *, keep_steps_below: int) -> int:
+    """Drop records of steps >= ``keep_steps_below`` (steps redone after a resume).
+
+    Returns the highest step the file held before (-1 when none): steps already logged.
+    """
     path = Path(path)
-    records = [r for r in read_jsonl(path) if r["step"] < keep_steps_below]
+    before = read_jsonl(path)
+    records = [r for r in before if r["step"] < keep_steps_below]
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return max((r["step"] for r in before), default=-1)
+
+
+WANDB_RUN_ID_FILE = "wandb_run_id"
+
+
+def wandb_run_id(output_dir: str | Path, *, resume: bool) -> str:
+    """The W&B run id of ``output_dir``: reused on resume, a new one (stored) otherwise.
+
+    The id lives in ``<output_dir>/wandb_run_id`` so that ``--resume`` continues the same run.
+    """
+    import secrets
+
+    path = Path(output_dir) / WANDB_RUN_ID_FILE
+    if resume and path.exists():
+        return path.read_text().strip()
+    run_id = secrets.token_hex(4)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(run_id + "\n")
+    return run_id
 
 
 class WandbLogger:
-    """Thin adapter over a W&B run. Offline unless ``mode`` or ``WANDB_MODE`` says otherwise."""
+    """Thin adapter over a W&B run. Offline unless ``mode`` or ``WANDB_MODE`` says otherwise.
+
+    ``run_id`` resumes that run (``resume="allow"``); steps up to ``logged_through`` were
+    already logged to it by an earlier launch and are not sent again.
+    """
 
     def __init__(self, *, project: str, run_name: str | None = None, directory: str | Path,
-                 config: dict[str, Any] | None = None, mode: str | None = None) -> None:
+                 config: dict[str, Any] | None = None, mode: str | None = None,
+                 run_id: str | None = None, logged_through: int = -1) -> None:
         import wandb
 
         resolved = os.environ.get("WANDB_MODE") or mode or "offline"
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(project=project, name=run_name, dir=str(directory),
-                              config=config or {}, mode=resolved, reinit="finish_previous")
+                              config=config or {}, mode=resolved, reinit="finish_previous",
+                              id=run_id, resume="allow" if run_id else None)
         self.mode = resolved
+        self.logged_through = logged_through
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
-        self.run.log(dict(metrics), step=step)
+        if step > self.logged_through:
+            self.run.log(dict(metrics), step=step)
 
     def finish(self) -> None:
         self.run.finish()

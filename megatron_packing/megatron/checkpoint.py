@@ -1,53 +1,223 @@
-"""Per-rank checkpoints: model, optimizer, LR schedule, the dataloader's state and the step.
+"""Per-rank checkpoints written atomically, checked on resume, the newest N kept.
 
-Layout: ``<dir>/checkpoints/step_000020/rank0.pt`` ... and ``<dir>/checkpoints/latest`` naming
-the newest complete step. ``latest`` is written last (after every rank saved), so a run
-killed mid-save resumes from the previous complete checkpoint.
+Layout::
+
+    <dir>/checkpoints/step_000020/rank0.pt, rank1.pt, manifest.json
+    <dir>/checkpoints/latest            "step_000020"
+
+A save goes to ``step_000020.partial/``: every rank writes its file (temp name, fsync,
+rename), rank 0 then writes ``manifest.json`` (each rank file's size and sha256), renames the
+directory to ``step_000020`` and only then points ``latest`` at it. A run killed mid-save
+leaves a ``.partial`` directory that resume ignores (and says so); ``latest`` still names the
+previous complete checkpoint. A checkpoint whose files do not match their manifest (truncated,
+damaged) is refused by name. A failed write (disk full) removes the partial directory and
+raises `CheckpointError` on every rank; the previous checkpoint stays as it was.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import io
+import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+LATEST = "latest"
+MANIFEST = "manifest.json"
+PARTIAL_SUFFIX = ".partial"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written, or one on disk cannot be resumed from."""
+
 
 def checkpoint_root(output_dir: str | Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
-def save_checkpoint(output_dir: str | Path, step: int, rank: int, state: dict[str, Any]) -> Path:
-    """Write this rank's state for ``step``; rank 0 then marks it latest once all ranks wrote."""
-    directory = checkpoint_root(output_dir) / f"step_{step:06d}"
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"rank{rank}.pt"
-    tmp = path.with_suffix(".tmp")
-    torch.save({**state, "step": step}, tmp)
-    os.replace(tmp, path)
+def step_dir_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` and fsync it (the one place checkpoint bytes hit the disk)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        _write_file(tmp, data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _gather(obj: Any) -> list[Any]:
+    if not dist.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+def _describe_write_error(exc: OSError, path: Path) -> str:
+    if exc.errno == errno.ENOSPC:
+        return f"no space left on device while writing {path}"
+    return f"could not write {path}: {exc}"
+
+
+def save_checkpoint(output_dir: str | Path, step: int, rank: int, state: dict[str, Any], *,
+                    keep: int = 3) -> Path:
+    """Write this rank's state for ``step``; once every rank wrote, publish it as latest.
+
+    Collective when a process group is initialised: every rank must call it for the same step.
+    Raises `CheckpointError` on every rank if any rank's write failed.
+    """
+    root = checkpoint_root(output_dir)
+    final = root / step_dir_name(step)
+    partial = root / (final.name + PARTIAL_SUFFIX)
     if rank == 0:
-        marker = checkpoint_root(output_dir) / "latest"
-        marker.with_suffix(".tmp").write_text(f"step_{step:06d}\n")
-        os.replace(marker.with_suffix(".tmp"), marker)
-    if dist.is_initialized():
-        dist.barrier()
-    return path
+        shutil.rmtree(partial, ignore_errors=True)  # left by an earlier interrupted save
+        partial.mkdir(parents=True)
+    _barrier()
+    path = partial / f"rank{rank}.pt"
+    buffer = io.BytesIO()
+    torch.save({**state, "step": step}, buffer)
+    data = buffer.getvalue()
+    try:
+        _write_atomic(path, data)
+        outcome: dict[str, Any] = {"rank": rank, "file": path.name, "bytes": len(data),
+                                   "sha256": _sha256(data)}
+    except OSError as exc:
+        outcome = {"rank": rank, "error": _describe_write_error(exc, path)}
+    outcomes = _gather(outcome)
+    errors = [o["error"] for o in outcomes if "error" in o]
+    if errors:
+        _barrier()
+        if rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+        previous = latest_checkpoint(output_dir)
+        kept = f"the previous checkpoint {previous} is intact" if previous else \
+            "there is no earlier checkpoint"
+        raise CheckpointError(f"checkpoint of step {step} failed: {'; '.join(errors)}; "
+                              f"nothing was published and {kept}")
+    if rank == 0:
+        manifest = {"step": step, "world_size": len(outcomes),
+                    "files": {o["file"]: {"bytes": o["bytes"], "sha256": o["sha256"]}
+                              for o in outcomes}}
+        _write_atomic(partial / MANIFEST, json.dumps(manifest, indent=1).encode())
+        _fsync_dir(partial)
+        if final.exists():  # a re-run of the same step (e.g. after a resume) replaces it
+            shutil.rmtree(final)
+        os.replace(partial, final)
+        _fsync_dir(root)
+        _write_atomic(root / LATEST, f"{final.name}\n".encode())
+        _fsync_dir(root)
+        prune_checkpoints(output_dir, keep=keep)
+    _barrier()
+    return final / path.name
+
+
+def complete_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Checkpoint directories with a manifest, oldest first (by step)."""
+    root = checkpoint_root(output_dir)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(PARTIAL_SUFFIX)
+             and (p / MANIFEST).exists()]
+    return sorted(found, key=lambda p: p.name)
+
+
+def prune_checkpoints(output_dir: str | Path, *, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` complete checkpoints; return what was deleted."""
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    old = complete_checkpoints(output_dir)[:-keep]
+    for path in old:
+        shutil.rmtree(path)
+    return old
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint directory, or None."""
-    marker = checkpoint_root(output_dir) / "latest"
+    """The directory ``latest`` names, or None when nothing was published yet."""
+    marker = checkpoint_root(output_dir) / LATEST
     if not marker.exists():
         return None
     return checkpoint_root(output_dir) / marker.read_text().strip()
 
 
+def find_resume_checkpoint(output_dir: str | Path, world_size: int) -> tuple[Path | None, list[str]]:
+    """The checkpoint to resume from, fully verified, plus notes to print.
+
+    Raises `CheckpointError` naming the file when the published checkpoint is incomplete or
+    damaged, or was saved with a different number of ranks.
+    """
+    root = checkpoint_root(output_dir)
+    notes = [f"ignoring {p} (a save that never completed)"
+             for p in sorted(root.glob(f"step_*{PARTIAL_SUFFIX}"))] if root.is_dir() else []
+    latest = latest_checkpoint(output_dir)
+    if latest is None:
+        return None, notes
+    verify_checkpoint(latest, world_size)
+    return latest, notes
+
+
+def verify_checkpoint(directory: Path, world_size: int) -> None:
+    """Every rank file is present with the size and sha256 its manifest records."""
+    others = [p.name for p in complete_checkpoints(directory.parent.parent) if p != directory]
+    hint = (f"; delete it (and fix {directory.parent / LATEST}) to resume from {others[-1]}, "
+            "or start without --resume" if others else "; start without --resume")
+    manifest_path = directory / MANIFEST
+    if not manifest_path.exists():
+        raise CheckpointError(f"checkpoint {directory} is half-written: {MANIFEST} is missing"
+                              + hint)
+    manifest = json.loads(manifest_path.read_text())
+    if manifest["world_size"] != world_size:
+        raise CheckpointError(f"checkpoint {directory} was saved by {manifest['world_size']} "
+                              f"ranks, this run has {world_size}: resume with "
+                              f"train.dp_size: {manifest['world_size']}")
+    for name, expected in sorted(manifest["files"].items()):
+        path = directory / name
+        if not path.exists():
+            raise CheckpointError(f"checkpoint {directory} is half-written: {name} is missing"
+                                  + hint)
+        data = path.read_bytes()
+        if len(data) != expected["bytes"] or _sha256(data) != expected["sha256"]:
+            raise CheckpointError(
+                f"checkpoint {directory} is damaged: {name} has {len(data)} bytes "
+                f"(sha256 {_sha256(data)[:12]}), its manifest says {expected['bytes']} bytes "
+                f"(sha256 {expected['sha256'][:12]})" + hint)
+
+
 def load_checkpoint(directory: Path, rank: int) -> dict[str, Any]:
     path = directory / f"rank{rank}.pt"
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: was the run saved with a different dp size?")
+        raise CheckpointError(f"{path} is missing: was the run saved with a different dp size?")
     return torch.load(path, map_location="cpu", weights_only=False)

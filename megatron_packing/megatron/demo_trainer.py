@@ -5,13 +5,20 @@
 number varies per step), sums gradients over DP and steps the optimizer. Rank 0 logs the
 step metrics (JSONL, W&B), and all ranks checkpoint model, optimizer, LR schedule and the
 dataloader state every ``train.checkpoint_every`` steps; ``resume`` continues exactly.
+
+Before any rank starts, the launcher takes each output directory's run lock, tokenizes (or
+loads the cached index), refuses an empty dataset and verifies the checkpoint to resume
+from. Under torchrun the same happens in rank 0 while the other ranks wait. SIGINT / SIGTERM
+stop every rank at the same step with a final checkpoint (see `megatron.launch`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,8 +26,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from megatron_packing.megatron.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from megatron_packing.megatron.launch import dp_group, spawn_data_parallel
+from megatron_packing.megatron.checkpoint import (
+    find_resume_checkpoint,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from megatron_packing.megatron.launch import (
+    RunInterrupted,
+    agreed_stop_signal,
+    dp_group,
+    run_as_torchrun_rank,
+    spawn_data_parallel,
+    torchrun_rank,
+)
+from megatron_packing.megatron.run_lock import hold_output_dirs
 from megatron_packing.megatron.trainer_config import TrainingConfig
 from megatron_packing.metrics import (
     JsonlLogger,
@@ -29,6 +49,7 @@ from megatron_packing.metrics import (
     read_jsonl,
     step_metrics,
     truncate_jsonl,
+    wandb_run_id,
 )
 
 METRICS_FILE = "metrics.jsonl"
@@ -57,16 +78,61 @@ def train(cfg: TrainingConfig, *, output_dir: str | None = None, resume: bool = 
     return launch_runs(cfg, [spec])[0]
 
 
+class TrainingError(RuntimeError):
+    """A run that cannot start or go on (empty dataset, unusable checkpoint, ...)."""
+
+
 def launch_runs(cfg: TrainingConfig, specs: list[RunSpec]) -> list[dict[str, Any]]:
-    """Run several specs one after another in one process launch (saves start-up time)."""
-    _prepare_dataset_cache(cfg)
-    spawn_data_parallel(_worker, cfg.train.dp_size, cfg, specs)
+    """Run several specs one after another in one process launch (saves start-up time).
+
+    Spawns ``train.dp_size`` ranks, or runs as one rank when started by torchrun.
+    """
+    launched = torchrun_rank()
+    if launched is None:
+        with hold_output_dirs([s.output_dir for s in specs]):
+            _prepare_launch(cfg, specs)
+            spawn_data_parallel(_worker, cfg.train.dp_size, cfg, specs)
+    else:
+        if launched[1] != cfg.train.dp_size:
+            raise TrainingError(f"torchrun started {launched[1]} processes but train.dp_size is "
+                                f"{cfg.train.dp_size}: use --nproc-per-node "
+                                f"{cfg.train.dp_size} or set train.dp_size: {launched[1]}")
+        run_as_torchrun_rank(_torchrun_worker, cfg, specs)
     return [json.loads((Path(s.output_dir) / SUMMARY_FILE).read_text()) for s in specs]
 
 
-def _prepare_dataset_cache(cfg: TrainingConfig) -> None:
-    """Tokenize once in the launcher so that the ranks only read the cached index."""
-    _load_dataset(cfg)
+def _prepare_launch(cfg: TrainingConfig, specs: list[RunSpec]) -> None:
+    """Everything that can fail before the ranks start: data, and checkpoints to resume."""
+    dataset = _load_dataset(cfg)  # tokenized once here: the ranks only read the cached index
+    if len(dataset) == 0:
+        skipped = dict(dataset.skipped) if hasattr(dataset, "skipped") else {}
+        detail = (f"every record was skipped as bad ({sum(skipped.values())} records: "
+                  f"{skipped})" if skipped else "the files hold no records")
+        raise TrainingError(f"no examples to train on in {', '.join(cfg.data.paths)}: {detail}")
+    for spec in specs:
+        if spec.resume:
+            _, notes = find_resume_checkpoint(spec.output_dir, cfg.train.dp_size)
+            for note in notes:
+                print(f"[train] {note}", flush=True)
+
+
+def _torchrun_worker(rank: int, world: int, cfg: TrainingConfig, specs: list[RunSpec]) -> None:
+    """Rank 0 holds the locks and prepares; every rank learns its outcome, then trains."""
+    with ExitStack() as stack:
+        error = None
+        if rank == 0:
+            try:
+                stack.enter_context(hold_output_dirs([s.output_dir for s in specs]))
+                _prepare_launch(cfg, specs)
+            except Exception as exc:  # shared with the other ranks, then raised everywhere
+                error = f"{type(exc).__name__}: {exc}"
+        outcome = [error]
+        dist.broadcast_object_list(outcome, src=0)
+        if outcome[0] is not None:
+            raise TrainingError(outcome[0] if rank == 0 else f"rank 0 failed: {outcome[0]}")
+        stopped_by = _worker(rank, world, cfg, specs)
+    if stopped_by:
+        raise RunInterrupted(stopped_by, "every rank stopped at the same step")
 
 
 def _load_dataset(cfg: TrainingConfig) -> Any:
@@ -85,12 +151,16 @@ def _vocab_size(cfg: TrainingConfig) -> int:
     return len(load_tokenizer(cfg.resolve(cfg.data.tokenizer)))
 
 
-def _worker(rank: int, world: int, cfg: TrainingConfig, specs: list[RunSpec]) -> None:
+def _worker(rank: int, world: int, cfg: TrainingConfig, specs: list[RunSpec]) -> int:
+    """Run the specs in order; return the stop signal that ended them early (0: none)."""
     for spec in specs:
-        _run(rank, world, cfg, spec)
+        stopped_by = _run(rank, world, cfg, spec)
+        if stopped_by:
+            return stopped_by
+    return 0
 
 
-def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> None:
+def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
     from megatron_packing.loader import build_sft_dataloader
     from megatron_packing.megatron.model import build_tiny_gpt
     from megatron_packing.megatron.train_step import (
@@ -106,8 +176,9 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> None:
     group = dp_group()
     dataset = _load_dataset(cfg)
     workers = tc.num_workers if spec.num_workers is None else spec.num_workers
+    # The example order's one seed is packing.seed (the loader's default).
     loader = build_sft_dataloader(dataset, cfg.packing, dp_rank=rank, dp_size=world,
-                                  seed=tc.seed, total_steps=tc.steps, num_workers=workers)
+                                  total_steps=tc.steps, num_workers=workers)
     model = build_tiny_gpt(cfg.model, vocab_size=_vocab_size(cfg),
                            max_seq_len=cfg.packing.bin_capacity)
     broadcast_parameters(model, group=group)
@@ -135,14 +206,33 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> None:
               f"B={cfg.packing.global_batch_size} v={cfg.packing.allowed_variation} "
               f"C={cfg.packing.bin_capacity} workers={workers}", flush=True)
 
+    def checkpoint(at: int) -> None:
+        save_checkpoint(out, at, rank, {
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(), "dataloader": loader.state_dict(),
+        }, keep=tc.checkpoint_keep)
+
     iterator = iter(loader)
     step = start_step
+    stopped_by = 0
     while step < stop:
+        stopped_by = agreed_stop_signal(group)
+        if stopped_by:
+            if step > start_step and step % tc.checkpoint_every != 0:
+                checkpoint(step)
+            if rank == 0:
+                print(f"[train] stop requested: stopped after step {step} of {tc.steps}; "
+                      f"checkpoint {latest_checkpoint(out)}; --resume continues", flush=True)
+            break
         try:
             batch = next(iterator)
         except StopIteration:  # one iteration of the loader is one epoch; start the next
             iterator = iter(loader)
-            batch = next(iterator)
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                raise TrainingError(f"the dataloader yields no step from {len(dataset)} "
+                                    "examples") from None
         result = train_step(model, optimizer, batch, scheduler=scheduler, dp_group=group,
                             clip_grad=tc.clip_grad)
         step += 1
@@ -155,10 +245,7 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> None:
                   f"examples {batch.meta.num_examples:3d}  bins {batch.meta.num_bins:3d}  "
                   f"fill {batch.meta.token_fill:.3f}  lr {result.lr:.2e}", flush=True)
         if step % tc.checkpoint_every == 0 or step == stop:
-            save_checkpoint(out, step, rank, {
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "dataloader": loader.state_dict(),
-            })
+            checkpoint(step)
     del iterator
     if logger is not None:
         logger.finish()
@@ -169,6 +256,7 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> None:
         if cfg.logging.plot:
             plot_metrics(out)
     dist.barrier()
+    return stopped_by
 
 
 def _make_logger(cfg: TrainingConfig, spec: RunSpec, out: Path, rank: int,
@@ -176,17 +264,21 @@ def _make_logger(cfg: TrainingConfig, spec: RunSpec, out: Path, rank: int,
     if rank != 0:
         return None
     metrics_path = out / METRICS_FILE
+    logged_through = -1
     if start_step == 0:
         metrics_path.unlink(missing_ok=True)
     else:
-        truncate_jsonl(metrics_path, keep_steps_below=start_step)
+        logged_through = truncate_jsonl(metrics_path, keep_steps_below=start_step)
     loggers: list[MetricsLogger] = [JsonlLogger(metrics_path)] if cfg.logging.jsonl else []
     if spec.use_wandb and cfg.logging.wandb:
         from megatron_packing.metrics import WandbLogger
 
+        # A resumed run continues the same W&B run and does not send its steps again.
         loggers.append(WandbLogger(project=cfg.logging.wandb_project,
                                    run_name=cfg.logging.run_name, directory=out,
-                                   config=dataclasses.asdict(cfg), mode=cfg.logging.wandb_mode))
+                                   config=dataclasses.asdict(cfg), mode=cfg.logging.wandb_mode,
+                                   run_id=wandb_run_id(out, resume=start_step > 0),
+                                   logged_through=logged_through))
     return MultiLogger(loggers)
 
 
@@ -234,8 +326,17 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 def plot_metrics(output_dir: str | Path) -> Path | None:
-    """PNG of loss, actual batch size and token fill per step (matplotlib, Agg backend)."""
-    import matplotlib
+    """PNG of loss, actual batch size and token fill per step (matplotlib, Agg backend).
+
+    Without matplotlib the plot is skipped with a warning (None): the run itself succeeded.
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        print("[train] warning: matplotlib is not installed, skipping metrics.png "
+              "(pip install matplotlib, or the package's [demo] extra)", file=sys.stderr,
+              flush=True)
+        return None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

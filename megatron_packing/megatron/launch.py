@@ -1,10 +1,27 @@
-"""Start data-parallel worker processes on CPU (gloo) with megatron parallel state initialised."""
+"""Start data-parallel worker processes on CPU (gloo) with megatron parallel state initialised.
+
+Two ways in: `spawn_data_parallel` starts the ranks itself and supervises them; under
+``torchrun`` (its ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR`` environment) the
+current process is one rank and `run_as_torchrun_rank` runs it without spawning.
+
+Ranks die with their launcher: each asks Linux for SIGKILL when its parent dies
+(``prctl(PR_SET_PDEATHSIG)``) and a watchdog thread exits when the parent pid changes (any OS).
+SIGINT / SIGTERM never kill a rank mid-step: they set a stop request that the ranks agree on
+at the next step boundary (`agreed_stop_signal`), so every rank stops at the same step.
+The spawning launcher turns its own SIGINT / SIGTERM into that request for every rank, kills
+them after ``grace_s`` or at a second signal, and raises `RunInterrupted`.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import signal
 import socket
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +29,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+_PR_SET_PDEATHSIG = 1
+_stop_request = {"signal": 0}
+
+
+class RunInterrupted(RuntimeError):
+    """The launcher was asked to stop (SIGINT / SIGTERM); the ranks stopped."""
+
+    def __init__(self, signum: int, detail: str = "") -> None:
+        self.signum = signum
+        name = signal.Signals(signum).name
+        super().__init__(f"stopped by {name}{': ' + detail if detail else ''}")
 
 
 def free_port() -> int:
@@ -21,15 +51,32 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def init_data_parallel(rank: int, world_size: int, port: int, *, threads: int = 1) -> None:
-    """gloo process group + megatron parallel state (tp = pp = cp = 1, dp = world size)."""
+def torchrun_rank() -> tuple[int, int] | None:
+    """(rank, world size) when this process was started by torchrun, else None."""
+    if not all(name in os.environ for name in TORCHRUN_VARS):
+        return None
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+
+def is_main_process() -> bool:
+    """False only in a torchrun rank other than 0 (which prints nothing of its own)."""
+    launched = torchrun_rank()
+    return launched is None or launched[0] == 0
+
+
+def init_data_parallel(rank: int, world_size: int, port: int | None, *, threads: int = 1) -> None:
+    """gloo process group + megatron parallel state (tp = pp = cp = 1, dp = world size).
+
+    ``port`` None: the rendezvous comes from the environment (torchrun's MASTER_ADDR/PORT).
+    """
     from megatron.core import parallel_state
 
     from megatron_packing.megatron.cpu_workarounds import apply_cpu_workarounds
 
     torch.set_num_threads(threads)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+    if port is not None:
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1,
                                              pipeline_model_parallel_size=1)
@@ -44,7 +91,45 @@ def shutdown_data_parallel() -> None:
         dist.destroy_process_group()
 
 
-def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, args: tuple) -> None:
+def _request_stop(signum: int, frame: Any) -> None:
+    _stop_request["signal"] = _stop_request["signal"] or signum
+
+
+def install_stop_handlers() -> None:
+    """SIGINT / SIGTERM in a rank: ask to stop at the next step boundary instead of dying."""
+    _stop_request["signal"] = 0
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _request_stop)
+
+
+def agreed_stop_signal(group: dist.ProcessGroup | None = None) -> int:
+    """The stop signal any rank received (0: none). Collective: call it on every rank."""
+    flag = torch.tensor([_stop_request["signal"]], dtype=torch.int64)
+    if dist.is_initialized():
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    return int(flag.item())
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Exit when the launcher is gone: PDEATHSIG on Linux, and a parent-pid watchdog thread."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, parent_pid: int,
+           args: tuple) -> None:
+    _die_with_parent(parent_pid)
+    install_stop_handlers()
     init_data_parallel(rank, world_size, port)
     try:
         fn(rank, world_size, *args)
@@ -56,12 +141,69 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, args: 
         shutdown_data_parallel()
 
 
-def spawn_data_parallel(fn: Callable[..., Any], world_size: int, *args: Any) -> None:
+def _signal_all(processes: list[Any], signum: int) -> None:
+    for process in processes:
+        if process.is_alive() and process.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signum)
+
+
+def spawn_data_parallel(fn: Callable[..., Any], world_size: int, *args: Any,
+                        grace_s: float = 60.0) -> None:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes; raise if any fails.
 
-    ``fn`` must be importable by name (a module-level function).
+    ``fn`` must be importable by name (a module-level function). SIGINT / SIGTERM to this
+    process asks the ranks to stop (see the module docstring) and raises `RunInterrupted`.
     """
-    mp.spawn(_entry, args=(fn, world_size, free_port(), args), nprocs=world_size, join=True)
+    context = mp.start_processes(_entry, args=(fn, world_size, free_port(), os.getpid(), args),
+                                 nprocs=world_size, join=False, start_method="spawn")
+    processes = context.processes
+    received: list[int] = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        received.append(signum)
+        _signal_all(processes, signal.SIGTERM if len(received) == 1 else signal.SIGKILL)
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)} \
+        if in_main_thread else {}
+    try:
+        deadline: float | None = None
+        while True:
+            try:
+                if context.join(timeout=0.5):
+                    break
+            except (mp.ProcessRaisedException, mp.ProcessExitedException):
+                if received:
+                    break  # a rank killed on purpose
+                raise
+            if received and deadline is None:
+                deadline = time.monotonic() + grace_s
+            if deadline is not None and time.monotonic() > deadline:
+                _signal_all(processes, signal.SIGKILL)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        _signal_all(processes, signal.SIGKILL)  # never leave a rank behind
+        for process in processes:
+            process.join(timeout=5)
+    if received:
+        raise RunInterrupted(received[0])
+
+
+def run_as_torchrun_rank(fn: Callable[..., Any], *args: Any) -> None:
+    """Run ``fn(rank, world_size, *args)`` in this process, one rank of a torchrun launch."""
+    launched = torchrun_rank()
+    if launched is None:
+        raise RuntimeError(f"not started by torchrun: {', '.join(TORCHRUN_VARS)} are not all set")
+    rank, world_size = launched
+    _die_with_parent(os.getppid())  # the torchrun agent
+    install_stop_handlers()
+    init_data_parallel(rank, world_size, None)
+    try:
+        fn(rank, world_size, *args)
+    finally:
+        shutdown_data_parallel()
 
 
 def dp_group() -> dist.ProcessGroup:

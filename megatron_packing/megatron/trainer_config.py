@@ -1,7 +1,12 @@
-"""The training YAML's non-packing sections as declarative dataclasses.
+"""The training YAML's non-packing sections as declarative dataclasses, checked on load.
 
 A training YAML has five sections: ``packing`` (`megatron_packing.config.PackingConfig`),
 ``data``, ``model``, ``train`` and ``logging``. Unknown keys are errors, with a suggestion.
+Every value is checked here, in the launcher, so a bad one fails at once and never after
+the ranks have started.
+
+One seed decides the example order: ``packing.seed``. ``model.init_seed`` decides the initial
+weights. (``train.seed`` no longer exists; a YAML that still sets it is refused by name.)
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ from typing import Any
 import yaml
 
 from megatron_packing.config import ConfigError, PackingConfig, dataclass_from_mapping
+
+WANDB_MODES = ("offline", "online", "disabled")
+DTYPES = ("float32", "float64")
 
 
 @dataclass
@@ -36,10 +44,10 @@ class TrainConfig:
     min_lr: float = 3e-4
     warmup_steps: int = 5
     weight_decay: float = 0.0
-    clip_grad: float = 1.0
-    seed: int = 1234
+    clip_grad: float = 1.0  # 0: no clipping
     dp_size: int = 2
     checkpoint_every: int = 20
+    checkpoint_keep: int = 3  # complete checkpoints kept; older ones are deleted
     log_every: int = 5
     num_workers: int = 0
     output_dir: str = "runs/demo_cpu"
@@ -84,39 +92,179 @@ class TrainingConfig:
 
 
 _SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "logging": LoggingConfig}
+_REMOVED_KEYS = {
+    ("train", "seed"): "the example order's seed is packing.seed (one seed, used by the "
+                       "sampler) and the initial weights' seed is model.init_seed; "
+                       "move the value to packing.seed",
+}
+
+
+class _Checker:
+    """Collects the first bad value of a section with its full key name and what is valid."""
+
+    def __init__(self, source: str, section: str, values: Any) -> None:
+        self.source, self.section, self.values = source, section, values
+
+    def fail(self, key: str, expected: str) -> None:
+        value = getattr(self.values, key)
+        raise ConfigError(f"{self.source}: {self.section}.{key} must be {expected}, got {value!r}")
+
+    def integer(self, key: str, minimum: int, *, optional: bool = False) -> None:
+        value = getattr(self.values, key)
+        if optional and value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            self.fail(key, f"an integer >= {minimum}" + (" or null" if optional else ""))
+
+    def number(self, key: str, *, minimum: float, strict: bool) -> None:
+        value = getattr(self.values, key)
+        ok = (not isinstance(value, bool) and isinstance(value, int | float)
+              and (value > minimum if strict else value >= minimum))
+        if not ok:
+            self.fail(key, f"a number {'>' if strict else '>='} {minimum}")
+
+    def choice(self, key: str, choices: tuple[str, ...]) -> None:
+        if getattr(self.values, key) not in choices:
+            self.fail(key, f"one of {', '.join(choices)}")
+
+    def boolean(self, key: str) -> None:
+        if not isinstance(getattr(self.values, key), bool):
+            self.fail(key, "true or false")
+
+    def text(self, key: str, *, optional: bool = False) -> None:
+        value = getattr(self.values, key)
+        if (optional and value is None) or (isinstance(value, str) and value):
+            return
+        self.fail(key, "a non-empty string" + (" or null" if optional else ""))
+
+
+def _check_train(t: TrainConfig, source: str) -> None:
+    c = _Checker(source, "train", t)
+    for key in ("steps", "dp_size", "checkpoint_every", "checkpoint_keep", "log_every"):
+        c.integer(key, 1)
+    c.integer("warmup_steps", 0)
+    c.integer("num_workers", 0)
+    c.number("lr", minimum=0, strict=True)
+    c.number("min_lr", minimum=0, strict=False)
+    c.number("weight_decay", minimum=0, strict=False)
+    c.number("clip_grad", minimum=0, strict=False)
+    if t.min_lr > t.lr:
+        c.fail("min_lr", f"<= train.lr ({t.lr})")
+    c.text("output_dir")
+
+
+def _check_model(m: ModelConfig, packing: PackingConfig, source: str) -> None:
+    c = _Checker(source, "model", m)
+    for key in ("num_layers", "hidden_size", "num_attention_heads"):
+        c.integer(key, 1)
+    c.integer("ffn_hidden_size", 1, optional=True)
+    c.integer("max_position_embeddings", packing.bin_capacity, optional=True)
+    c.integer("init_seed", 0)
+    c.choice("dtype", DTYPES)
+    if m.hidden_size % m.num_attention_heads:
+        c.fail("num_attention_heads", f"a divisor of model.hidden_size ({m.hidden_size})")
+
+
+def _check_data(d: DataConfig, source: str) -> None:
+    from megatron_packing.data import LOSS_ON_CHOICES, ON_BAD_RECORD_CHOICES
+
+    c = _Checker(source, "data", d)
+    if (not isinstance(d.paths, list) or not d.paths
+            or not all(isinstance(p, str) and p for p in d.paths)):
+        c.fail("paths", "a non-empty list of dataset paths")
+    c.text("tokenizer")
+    c.choice("loss_on", LOSS_ON_CHOICES)
+    c.choice("on_bad_record", ON_BAD_RECORD_CHOICES)
+    c.text("cache_dir", optional=True)
+
+
+def _check_logging(lg: LoggingConfig, source: str) -> None:
+    c = _Checker(source, "logging", lg)
+    for key in ("wandb", "jsonl", "plot"):
+        c.boolean(key)
+    c.choice("wandb_mode", WANDB_MODES)
+    c.text("wandb_project")
+    c.text("run_name", optional=True)
+
+
+def _check_demo_packing(packing: PackingConfig, source: str) -> None:
+    """What the demo trainer cannot run although the packing library accepts it."""
+    if packing.oversize_policy == "own_bin":
+        raise ConfigError(
+            f"{source}: packing.oversize_policy 'own_bin' is not supported by the demo trainer: "
+            f"its model and collator have bin_capacity ({packing.bin_capacity}) positions, and an "
+            "own_bin row is longer; use 'truncate' or 'error', or raise packing.bin_capacity")
+    if not packing.use_sequence_packing:
+        raise ConfigError(f"{source}: packing.use_sequence_packing must be true for the demo "
+                          "trainer (it trains packed THD rows), got false")
+
+
+def check_paths_exist(cfg: TrainingConfig, source: str = "config") -> None:
+    """The dataset files and the tokenizer directory named by the config exist."""
+    for i, path in enumerate(cfg.data.paths):
+        if not Path(cfg.resolve(path)).exists():
+            raise ConfigError(f"{source}: data.paths[{i}] {cfg.resolve(path)!r} does not exist")
+    if not Path(cfg.resolve(cfg.data.tokenizer)).is_dir():
+        raise ConfigError(f"{source}: data.tokenizer {cfg.resolve(cfg.data.tokenizer)!r} is not "
+                          "a tokenizer directory")
 
 
 def _section(cls: type, values: Any, name: str, source: str) -> Any:
     if values is None:
         return cls()
+    if isinstance(values, dict):
+        for key in values:
+            if (name, key) in _REMOVED_KEYS:
+                raise ConfigError(f"{source}: {name}.{key} is not a key any more: "
+                                  f"{_REMOVED_KEYS[(name, key)]}")
     return dataclass_from_mapping(cls, values, source=source, what=f"{name} key")
 
 
 def training_config_from_dict(document: dict[str, Any], *, source: str = "config",
                               base_dir: str = ".") -> TrainingConfig:
     """Build and validate a `TrainingConfig` from a parsed YAML document."""
+    if not isinstance(document, dict):
+        raise ConfigError(f"{source}: expected a mapping of sections at the top level, "
+                          f"got {type(document).__name__}")
     unknown = set(document) - {"packing", *_SECTIONS}
     if unknown:
         raise ConfigError(f"{source}: unknown sections {sorted(unknown)}; "
                           f"expected packing, {', '.join(_SECTIONS)}")
     parts = {name: _section(cls, document.get(name), name, source) for name, cls in _SECTIONS.items()}
     train: TrainConfig = parts["train"]
+    _check_train(train, source)
     packing = PackingConfig.from_dict(document.get("packing") or {}, source=source)
     packing.validate(dp_size=train.dp_size)
-    if train.steps < 1 or train.dp_size < 1:
-        raise ConfigError(f"{source}: train.steps and train.dp_size must be >= 1")
-    if parts["model"].dtype not in ("float32", "float64"):
-        raise ConfigError(f"{source}: model.dtype must be float32 or float64")
+    _check_demo_packing(packing, source)
+    _check_model(parts["model"], packing, source)
+    _check_data(parts["data"], source)
+    _check_logging(parts["logging"], source)
     return TrainingConfig(packing=packing, base_dir=base_dir, **parts)
 
 
-def load_training_config(path: str | Path) -> TrainingConfig:
-    """Read a training YAML; relative paths inside it resolve against the current directory."""
+def read_yaml(path: str | Path) -> Any:
+    """Parse a YAML file; a syntax error names the file, line and column."""
     path = Path(path)
     try:
-        document = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text()
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
-    if not isinstance(document, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
-    return training_config_from_dict(document, source=str(path), base_dir=".")
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
+
+
+def load_training_config(path: str | Path, *, check_paths: bool = True) -> TrainingConfig:
+    """Read and check a training YAML; relative paths inside it resolve against the cwd."""
+    document = read_yaml(path)
+    if document is None:
+        raise ConfigError(f"{path}: the file is empty; expected the sections packing, "
+                          f"{', '.join(_SECTIONS)}")
+    cfg = training_config_from_dict(document, source=str(path), base_dir=".")
+    if check_paths:
+        check_paths_exist(cfg, str(path))
+    return cfg

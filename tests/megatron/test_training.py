@@ -76,7 +76,7 @@ def runs(tmp_path_factory):
         "data": {"paths": [str(data)], "tokenizer": str(TOKENIZER), "cache_dir": str(root / "cache")},
         "model": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2},
         "train": {"steps": STEPS, "lr": 0.01, "warmup_steps": 2, "dp_size": 2,
-                  "checkpoint_every": 100, "seed": 3},
+                  "checkpoint_every": 100},
         "logging": {"wandb": False, "plot": False},
     })
     dirs = {name: str(root / name) for name in ("full", "w0", "w2")}
@@ -137,4 +137,5 @@ def test_loss_falls_and_outputs_exist(runs):
     assert full[-1]["train/loss"] < full[0]["train/loss"]
     ckpt = Path(runs["dirs"]["full"]) / "checkpoints"
     assert (ckpt / "latest").read_text().strip() == f"step_{STEPS:06d}"
-    assert {p.name for p in (ckpt / f"step_{STEPS:06d}").iterdir()} == {"rank0.pt", "rank1.pt"}
+    assert {p.name for p in (ckpt / f"step_{STEPS:06d}").iterdir()} == {"rank0.pt", "rank1.pt",
+                                                                     "manifest.json"}
