@@ -20,31 +20,10 @@ from typing import Any
 
 import torch
 
-from megatron_packing.collate import PackedBatch, StepMetadata
+from megatron_packing.collate import PackedBatch
+from megatron_packing.megatron.megatron_lm import ConsumedExamples
 
 LOADER_STATE_BASENAME = "train_dataloader_dprank{dp_rank:03d}.pt"
-
-
-@dataclass
-class ExampleCounter:
-    """Real examples and tokens trained on (not rows), saved with the loader state."""
-
-    examples: int = 0
-    tokens: int = 0
-    loss_tokens: int = 0
-
-    def update(self, meta: StepMetadata) -> None:
-        self.examples += int(meta.num_examples)
-        self.tokens += int(meta.num_tokens)
-        self.loss_tokens += int(meta.num_loss_tokens)
-
-    def state_dict(self) -> dict[str, int]:
-        return {"examples": self.examples, "tokens": self.tokens, "loss_tokens": self.loss_tokens}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.examples = int(state["examples"])
-        self.tokens = int(state["tokens"])
-        self.loss_tokens = int(state["loss_tokens"])
 
 
 @dataclass
@@ -56,7 +35,7 @@ class TrainStream:
     """
 
     loader: Any
-    counter: ExampleCounter = field(default_factory=ExampleCounter)
+    counter: ConsumedExamples = field(default_factory=ConsumedExamples)
     _iterator: Iterator[PackedBatch] | None = None
 
     def __next__(self) -> PackedBatch:

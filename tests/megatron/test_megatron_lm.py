@@ -1,4 +1,4 @@
-"""Megatron-LM adapter: the num-microbatches calculator follows the plan step by step."""
+"""megatron-core glue: the num-microbatches calculator follows the plan; examples, not rows."""
 
 from __future__ import annotations
 
@@ -6,11 +6,7 @@ import pytest
 from packing_helpers import placeholder_row, random_examples, rank_batches
 
 from megatron_packing.collate import PackedBatch
-from megatron_packing.megatron.megatron_lm import (
-    ConsumedExamples,
-    PackedStepIterator,
-    sync_num_microbatches,
-)
+from megatron_packing.megatron.megatron_lm import ConsumedExamples, sync_num_microbatches
 
 DP = 2
 
@@ -43,32 +39,24 @@ def test_calculator_reports_each_steps_micro_batches(calculator):
         assert calculator.get_num_microbatches() == len(batch.micro_batches)
 
 
-def test_iterator_keeps_calculator_one_step_ahead(calculator):
+def test_calculator_refuses_a_count_that_does_not_divide_by_dp(calculator):
+    batch = _steps()[0]
+    batch.meta.num_bins += 1
+    with pytest.raises(ValueError, match="do not divide by dp=2"):
+        sync_num_microbatches(batch.meta, dp_size=DP)
+
+
+def test_consumed_examples_count_examples_not_rows_or_placeholders():
     steps = _steps()
-    counter = ConsumedExamples()
-    it = PackedStepIterator(steps, dp_size=DP, counter=counter)
-    for batch in steps:
-        # What Megatron-LM's loop does: read the count, then pull that many micro-batches.
-        n = calculator.get_num_microbatches()
-        assert n == len(batch.micro_batches)
-        pulled = [next(it) for _ in range(n)]
-        assert [p["micro_batch"] for p in pulled] == batch.micro_batches
-    with pytest.raises(StopIteration):
-        next(it)
-    assert counter.examples == sum(b.meta.num_examples for b in steps)
-    assert counter.steps == len(steps)
-    # Rows are not examples: Megatron-LM's own row count would differ.
-    assert counter.examples != sum(b.meta.num_bins for b in steps)
-
-
-def test_placeholder_rows_are_not_examples(calculator):
-    batch = _steps()[2]
-    tail = PackedBatch(batch.micro_batches + [placeholder_row()], batch.meta)
+    tail = steps[2]
+    tail = PackedBatch(tail.micro_batches + [placeholder_row()], tail.meta)
     tail.meta.num_bins += DP
-    tail.meta.micro_batches_per_rank += 1
     counter = ConsumedExamples()
-    it = PackedStepIterator([tail], dp_size=DP, counter=counter)
-    assert calculator.get_num_microbatches() == len(tail.micro_batches)
-    items = list(it)
-    assert items[-1]["is_placeholder"] and float(items[-1]["loss_mask"].sum()) == 0.0
-    assert counter.examples == batch.meta.num_examples
+    for batch in [*steps[:2], tail, steps[3]]:
+        counter.update(batch.meta)
+    assert counter.examples == sum(b.meta.num_examples for b in steps)
+    assert counter.examples != sum(b.meta.num_bins for b in steps)
+    assert counter.steps == len(steps)
+    restored = ConsumedExamples()
+    restored.load_state_dict(counter.state_dict())
+    assert restored == counter
