@@ -137,7 +137,7 @@ def test_megatron_lm_tp_broadcast_drops_padded_boundaries(tp_run):
     from tp_workers import MEGATRON_LM_DIR, MEGATRON_TP_FILE, NUM_ROWS, ROWS_SEED
 
     if not Path(tp_run, MEGATRON_TP_FILE.format(0)).exists():
-        pytest.skip(f"no Megatron-LM checkout at {MEGATRON_LM_DIR} (set MEGATRON_LM_DIR)")
+        pytest.skip(f"no Megatron-LM checkout at {MEGATRON_LM_DIR} (set MEGATRON_LM_PATH)")
     row = random_rows(NUM_ROWS, seed=ROWS_SEED)[0]
     assert not torch.equal(row.cu_seqlens, row.cu_seqlens_padded)
     for rank in (0, 1):

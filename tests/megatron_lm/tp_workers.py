@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import MEGATRON_LM
 from lm_rows import random_rows
 
 from megatron_packing.megatron.launch import free_port
@@ -22,7 +23,7 @@ from megatron_packing.megatron.lm_batch import broadcast_batch_across_tp, to_meg
 ROWS_SEED = 11
 NUM_ROWS = 6
 # Megatron-LM (core_v0.16.1) checkout; its training package is not part of the megatron-core wheel.
-MEGATRON_LM_DIR = Path(os.environ.get("MEGATRON_LM_DIR", "/work/shared/third_party/megatron-lm"))
+MEGATRON_LM_DIR = MEGATRON_LM
 MEGATRON_TP_FILE = "rank{}_megatron.pt"
 
 
