@@ -6,7 +6,7 @@ import json
 import logging
 
 import pytest
-from conftest import CONVERSATIONS, write_jsonl
+from sft_test_data import CONVERSATIONS, write_jsonl
 
 from megatron_packing.data import REASONS, BadRecordError, load_sft_dataset
 
@@ -108,7 +108,7 @@ def test_no_loss_tokens_after_truncation(tok, tmp_path):
 
 
 def test_template_error(tok, tmp_path):
-    from conftest import TAG_TEMPLATE, make_tokenizer
+    from sft_test_data import TAG_TEMPLATE, make_tokenizer
 
     picky = make_tokenizer(
         "{%- if messages[0]['role'] == 'tool' %}{{ raise_exception('tool first') }}{% endif %}" + TAG_TEMPLATE

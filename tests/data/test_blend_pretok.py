@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import CONVERSATIONS, make_tokenizer, write_jsonl
+from sft_test_data import CONVERSATIONS, make_tokenizer, write_jsonl
 
 from megatron_packing.data import load_length_index, load_sft_dataset, save_pretokenized
 from megatron_packing.data.blend import blend_counts, blend_indices

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import CONVERSATIONS, PLAIN_TEMPLATE, TAG_TEMPLATE, make_tokenizer, write_jsonl
+from sft_test_data import CONVERSATIONS, PLAIN_TEMPLATE, TAG_TEMPLATE, make_tokenizer, write_jsonl
 
 from megatron_packing.data import length_index, load_length_index, load_sft_dataset
 

@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import CONVERSATIONS, TAG_TEMPLATE
+from sft_test_data import CONVERSATIONS, TAG_TEMPLATE
 
 from megatron_packing.data import load_sft_dataset
 from megatron_packing.data.tokenize import ChatEncoder, _runs

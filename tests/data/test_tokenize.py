@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import CONVERSATIONS
+from sft_test_data import CONVERSATIONS
 
 from megatron_packing.data import load_sft_dataset
 from megatron_packing.data.tokenize import ChatEncoder, _runs

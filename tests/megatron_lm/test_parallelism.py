@@ -10,7 +10,7 @@ row train exactly as rows padded to the full capacity.
 from __future__ import annotations
 
 import pytest
-from conftest import launch, requires_megatron_lm, write_sft_yaml
+from megatron_lm_runs import launch, requires_megatron_lm, write_sft_yaml
 
 pytestmark = [requires_megatron_lm, pytest.mark.slow]
 

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import launch, launch_and_kill, requires_megatron_lm, write_sft_yaml
+from megatron_lm_runs import launch, launch_and_kill, requires_megatron_lm, write_sft_yaml
 
 pytestmark = [requires_megatron_lm, pytest.mark.slow]
 

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import MEGATRON_LM
 from lm_rows import random_rows
+from megatron_lm_runs import MEGATRON_LM
 
 from megatron_packing.megatron.launch import free_port
 from megatron_packing.megatron.lm_batch import broadcast_batch_across_tp, to_megatron_lm_batch

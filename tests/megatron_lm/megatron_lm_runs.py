@@ -1,0 +1,174 @@
+"""Helpers and the shared data fixture for tests that drive Megatron-LM's own training package (tag core_v0.16.1).
+
+The package is found through ``MEGATRON_LM_PATH`` (a Megatron-LM checkout's root), by default
+``../shared/third_party/megatron-lm`` beside the project. Without it these tests skip, naming
+what is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+PROJECT = Path(__file__).resolve().parents[2]
+DEFAULT_MEGATRON_LM = PROJECT.parent / "shared" / "third_party" / "megatron-lm"
+MEGATRON_LM = Path(os.environ.get("MEGATRON_LM_PATH", DEFAULT_MEGATRON_LM))
+RUN_CPU = Path(__file__).with_name("run_cpu.py")
+
+
+def _missing() -> str | None:
+    if not (MEGATRON_LM / "megatron" / "training" / "training.py").is_file():
+        return (f"Megatron-LM's training package not found at {MEGATRON_LM} "
+                "(set MEGATRON_LM_PATH to a Megatron-LM checkout)")
+    for module in ("six", "einops", "triton", "tensorboard"):
+        if importlib.util.find_spec(module) is None:
+            return f"Megatron-LM needs the `{module}` package (pip install {module})"
+    return None
+
+
+SKIP_REASON = _missing()
+requires_megatron_lm = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+
+# A tiny GPT on CPU: Megatron-LM's own arguments, with the flags its CPU path needs.
+MODEL_ARGS = shlex.split(
+    "--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 256 "
+    "--max-position-embeddings 256 --micro-batch-size 1 --lr 3e-3 --min-lr 3e-4 "
+    "--lr-decay-style cosine --lr-warmup-iters 2 --weight-decay 0.01 "
+    "--tokenizer-type NullTokenizer --vocab-size 2815 "
+    "--transformer-impl local --no-persist-layer-norm --no-gradient-accumulation-fusion "
+    "--use-cpu-initialization --no-masked-softmax-fusion --no-bias-gelu-fusion "
+    "--no-bias-dropout-fusion --no-rope-fusion --distributed-backend gloo "
+    "--position-embedding-type learned_absolute --calculate-per-token-loss "
+    "--rerun-mode disabled --clip-grad 0 --attention-dropout 0 --hidden-dropout 0 --seed 1234 "
+    "--log-interval 1 --ckpt-format torch --no-load-rng --distributed-timeout-minutes 3"
+)
+
+
+@dataclass
+class Run:
+    """One finished (or killed) launch: its output and per-rank step records."""
+
+    returncode: int
+    output: str
+    log_dir: Path
+    records: dict[int, list[dict]] = field(default_factory=dict)
+
+    def steps(self, rank: int = 0) -> list[dict]:
+        """Training-step records of one global rank, by iteration."""
+        return [r for r in self.records.get(rank, []) if "examples" in r]
+
+    def evaluations(self, rank: int = 0) -> list[dict]:
+        return [r for r in self.records.get(rank, []) if "valid_loss" in r]
+
+
+def read_records(log_dir: Path) -> dict[int, list[dict]]:
+    records = {}
+    for path in sorted(log_dir.glob("steps_rank*.jsonl")):
+        rank = int(path.stem.removeprefix("steps_rank"))
+        records[rank] = [json.loads(line) for line in path.read_text().splitlines() if line]
+    return records
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(MEGATRON_LM), str(PROJECT),
+                                         env.get("PYTHONPATH", "")])
+    env.update(CUDA_DEVICE_MAX_CONNECTIONS="1", OMP_NUM_THREADS="1", WANDB_MODE="disabled",
+               PYTHONUNBUFFERED="1")
+    return env
+
+
+_PORT = [29600 + (os.getpid() % 200) * 5]
+
+
+def torchrun_command(nproc: int, args: list[str]) -> list[str]:
+    _PORT[0] += 1
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+            f"--master-port={_PORT[0]}", str(RUN_CPU), *MODEL_ARGS, *args]
+
+
+def launch(nproc: int, args: list[str], log_dir: Path, *, timeout: float = 240) -> Run:
+    """Run the entry point under torchrun to completion."""
+    proc = subprocess.run(torchrun_command(nproc, [*args, "--packing-log-dir", str(log_dir)]),
+                          env=_env(), capture_output=True, text=True, timeout=timeout)
+    output = proc.stdout + proc.stderr
+    return Run(proc.returncode, output, log_dir, read_records(log_dir))
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (torchrun starts its workers in sessions of their own)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, frontier = [], [pid]
+    while frontier:
+        below = children.get(frontier.pop(), [])
+        found += below
+        frontier += below
+    return found
+
+
+def launch_and_kill(nproc: int, args: list[str], log_dir: Path, *, kill_when,
+                    timeout: float = 240) -> Run:
+    """Start the entry point; once ``kill_when(log_dir)``, SIGKILL torchrun and every rank.
+
+    That is what a scheduler's job kill (or a node loss) does: no process gets to clean up.
+    """
+    proc = subprocess.Popen(torchrun_command(nproc, [*args, "--packing-log-dir", str(log_dir)]),
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    try:
+        while not kill_when(log_dir):
+            if proc.poll() is not None:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError("the run never reached the kill point")
+            time.sleep(0.02)
+    finally:
+        for pid in [proc.pid, *descendants(proc.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        output = proc.communicate()[0]
+    return Run(proc.returncode, output, log_dir, read_records(log_dir))
+
+
+def write_sft_yaml(path: Path, data_dir: Path, **packing: object) -> Path:
+    """A training YAML over a slice of the shipped demo chats and tokenizer."""
+    lines = ["packing:", "  align_packing_bins_to_dp: true",
+             "  packing_batch_size_allowed_variation: 0.2", "  oversize_policy: truncate",
+             "  seed: 1234"]
+    lines += [f"  {key}: {json.dumps(value)}" for key, value in packing.items()]
+    lines += ["data:", f"  paths: [{data_dir / 'train.jsonl'}]",
+              f"  valid_paths: [{data_dir / 'valid.jsonl'}]",
+              f"  tokenizer: {PROJECT / 'examples' / 'tokenizer'}",
+              f"  cache_dir: {data_dir / 'cache'}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def sft_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """600 training and 64 validation chats from the demo data."""
+    if SKIP_REASON is not None:
+        pytest.skip(SKIP_REASON)
+    out = tmp_path_factory.mktemp("megatron_lm_data")
+    chats = (PROJECT / "examples" / "data" / "demo_chat.jsonl").read_text().splitlines()
+    (out / "train.jsonl").write_text("\n".join(chats[:600]) + "\n")
+    (out / "valid.jsonl").write_text("\n".join(chats[600:664]) + "\n")
+    return out
