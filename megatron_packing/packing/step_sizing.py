@@ -102,12 +102,14 @@ class StepContext:
 
 
 # The whole window is packed when (sizes in the window) x (largest size) is at most this many
-# examples; above it, the search packs at most max(max_packs, FULL_SEARCH_EXAMPLES // largest).
+# examples; above it, the search packs at most max_packs sizes (the fast path).
 FULL_SEARCH_EXAMPLES = 16_384
 # Planning ahead uses real packer counts (memoised) when (sizes in the window)^2 x (largest
 # size) is at most this many examples, and the O(1) bound otherwise.
 EXACT_LOOKAHEAD_EXAMPLES = 32_768
-MEMO_ENTRIES = 8192  # packed segments remembered across steps (a pure cache: plans never depend on it)
+# Packed segments remembered across steps, counted in examples held (a pure cache: plans never
+# depend on it). About three steps' segments of the exact lookahead at B=128.
+MEMO_EXAMPLES = 65_536
 
 
 @dataclass
@@ -168,6 +170,7 @@ class StepSizer:
         self.unlikely_packs = 3  # the fast path's budget when no size's bound is a multiple of dp
         self.capacity = packer.usable_capacity
         self._memo: OrderedDict[bytes, tuple[list[list[int]], bool]] = OrderedDict()
+        self._memo_examples = 0
         self._runs = 0
 
     # ------------------------------------------------------------------ budget
@@ -178,7 +181,7 @@ class StepSizer:
         sizes = highest - lowest + 1
         if sizes * highest <= self.full_search_examples:
             return None
-        return max(self.max_packs, self.full_search_examples // max(highest, 1))
+        return self.max_packs
 
     def exact_lookahead(self, lowest: int, highest: int) -> bool:
         """Plan ahead with real packer counts? Only when the whole window is searched anyway."""
@@ -223,8 +226,10 @@ class StepSizer:
             hit = self._evaluate(segment, bound)
             self._runs += 1
             self._memo[key] = hit
-            if len(self._memo) > MEMO_ENTRIES:
-                self._memo.popitem(last=False)
+            self._memo_examples += len(segment)
+            while self._memo_examples > MEMO_EXAMPLES:
+                _, (old_bins, _) = self._memo.popitem(last=False)
+                self._memo_examples -= sum(len(b) for b in old_bins)
         else:
             self._memo.move_to_end(key)
         return [list(b) for b in hit[0]], hit[1]
