@@ -202,10 +202,8 @@ class DPAlignedPackingBatchSampler:
             raise ValueError(
                 f"max_deferred_examples must be an integer >= 0, got {max_deferred_examples!r}")
         self.max_deferred_examples = max_deferred_examples if self.align_to_dp else 0
-        tokens_per_example = float(self.effective_lengths.mean()) if self.lengths.size else None
         self.sizer = StepSizer(self.packer, dp_size, max_packs=max_packs, horizon=lookahead_steps,
-                               max_deferred=self.max_deferred_examples,
-                               tokens_per_example=tokens_per_example)
+                               max_deferred=self.max_deferred_examples)
         self.lookahead_steps = lookahead_steps
         self._fingerprint = self._make_fingerprint(algorithm, oversize_policy, tp_size, cp_size,
                                                    fp8_enabled, fp8_recipe, max_packs)

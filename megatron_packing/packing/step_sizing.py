@@ -136,9 +136,9 @@ class StepSizer:
     ``lengths`` passed to `decide` are the raw lengths of the examples ahead, in stream order;
     ``aligned`` are their aligned sizes as the packer sees them (own-bin oversize examples larger
     than the usable capacity). ``max_deferred`` > 0 lets a step that cannot align leave up to
-    that many examples of its window to lead the next step. ``tokens_per_example`` is the
-    expected tokens of one example: among equally good sizes, the one whose tokens are nearest
-    ``tokens_per_example x target`` is preferred (the mean of the lengths ahead when None).
+    that many examples of its window to lead the next step. Among equally good sizes, the one
+    whose tokens are nearest the target times the mean length of the examples read ahead wins:
+    token load per step stays even while the drift is still repaid.
     """
 
     def __init__(
@@ -150,7 +150,6 @@ class StepSizer:
         bound_slack: int = 1,
         horizon: int = 3,
         max_deferred: int = 0,
-        tokens_per_example: float | None = None,
         full_search_examples: int = FULL_SEARCH_EXAMPLES,
         exact_lookahead_examples: int = EXACT_LOOKAHEAD_EXAMPLES,
     ) -> None:
@@ -164,7 +163,6 @@ class StepSizer:
         self.bound_slack = int(bound_slack)
         self.horizon = max(1, int(horizon))
         self.max_deferred = int(max_deferred)
-        self.tokens_per_example = tokens_per_example
         self.full_search_examples = int(full_search_examples)
         self.exact_lookahead_examples = int(exact_lookahead_examples)
         self.unlikely_packs = 3  # the fast path's budget when no size's bound is a multiple of dp
@@ -389,9 +387,9 @@ class StepSizer:
                 return decision
 
         tokens = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
-        per_example = (self.tokens_per_example if self.tokens_per_example is not None
-                       else float(tokens[-1]) / max(len(lengths), 1))
-        anchor = per_example * target
+        # The tokens a target-sized step should carry at the running mean of the examples read
+        # ahead (about ``horizon`` steps of them).
+        anchor = float(tokens[-1]) / max(len(lengths), 1) * target
 
         def token_gap(k: int) -> float:
             return abs(float(tokens[k]) - anchor)
