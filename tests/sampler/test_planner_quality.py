@@ -76,17 +76,16 @@ def test_on_a_real_pool_a_step_carries_the_tokens_of_b_minus_drift_examples(star
 
 
 # ---------------------------------------------------------------------------- lookahead
-@pytest.mark.parametrize("batch,capacity,dp,steps,gain", [(128, 4096, 8, 80, 3),
-                                                         (512, 32768, 8, 40, 2)])
-def test_lookahead_aligns_more_steps_than_greedy(batch, capacity, dp, steps, gain):
-    # (128, 4K): the whole window is searched and the next step judged by real packer counts;
-    # (512, 32K): the fast path, judged by the bound. Gains measured on these streams.
+def test_lookahead_aligns_more_steps_than_greedy():
+    # The whole window is searched; lookahead chooses among the sizes that align (measured: 36
+    # aligned steps against 31 greedy on this stream).
+    batch, capacity, dp, steps = 128, 4096, 8, 80
     lengths = pool_stream(batch * steps, capacity)
     _, ahead = plans_of(lengths, batch, dp, capacity, steps, lookahead_steps=3)
     _, greedy = plans_of(lengths, batch, dp, capacity, steps, lookahead_steps=1)
     aligned_ahead = sum(p.aligned for p in ahead)
     aligned_greedy = sum(p.aligned for p in greedy)
-    assert aligned_ahead >= aligned_greedy + gain, (aligned_ahead, aligned_greedy)
+    assert aligned_ahead >= aligned_greedy + 3, (aligned_ahead, aligned_greedy)
 
 
 # ---------------------------------------------------------------------------- exhaustive parity
@@ -99,6 +98,28 @@ def test_never_behind_the_exhaustive_search_on_a_small_window():
     ours = sum(p.num_bins for p in plans)
     assert ours <= reference.bins, (ours, reference.bins)
     assert sum(p.aligned for p in plans) >= reference.aligned_steps
+
+
+def test_a_small_window_is_searched_whole_by_default():
+    # Default budget (max_packs=8), 13 sizes: a step is left unaligned only after every size of
+    # its window was packed and none packs into a multiple of dp, as with the exhaustive search.
+    batch, capacity, dp, steps = 128, 20096, 8, 200
+    lengths = pool_stream(batch * steps, capacity)
+    sampler, plans = plans_of(lengths, batch, dp, capacity, steps)
+    position, drift, checked = 0, 0, 0
+    for j, plan in enumerate(plans[:-1]):
+        if not plan.aligned:
+            context = StepContext(batch, sampler.variation, drift, len(lengths) - position, steps - j,
+                                  steps - j)
+            lowest, highest, _ = context.window()
+            assert plan.packs >= highest - lowest + 1  # every size was packed
+            for size in range(lowest, highest + 1):
+                count = len(sampler.packer.pack(lengths[position:position + size]))
+                assert count % dp, f"step {j}: size {size} packs into {count} bins"
+            checked += 1
+        position += plan.num_examples
+        drift += plan.num_examples - batch
+    assert checked >= 10
 
 
 # ---------------------------------------------------------------------------- ranks and metrics
