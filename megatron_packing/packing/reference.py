@@ -83,21 +83,32 @@ def plan_exhaustively(lengths: np.ndarray, *, batch_size: int, capacity: int, dp
 def best_contiguous_path(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int,
                          variation: int, steps: int, algorithm: str = "mffd") -> int:
     """The most steps whose natural bin count divides by dp, over every admissible path."""
+    return contiguous_path_bounds(lengths, batch_size=batch_size, capacity=capacity,
+                                  dp_size=dp_size, variation=variation, steps=steps,
+                                  algorithm=algorithm)[0]
+
+
+def contiguous_path_bounds(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int,
+                           variation: int, steps: int, algorithm: str = "mffd") -> tuple[int, int]:
+    """Over every admissible contiguous path: (most aligned steps, fewest bins after padding
+    each step's natural count up to a multiple of dp). Two dynamic programmes, one packing of
+    each segment."""
     packer = make_seq_packer(algorithm, bin_capacity=capacity, oversize_policy="truncate")
     lengths = np.asarray(packer.effective_lengths(lengths), dtype=np.int64)
     batch, v = batch_size, variation
-    best = {0: 0}  # offset of the previous boundary from its nominal place -> most aligned so far
+    most = {0: 0}  # offset of the previous boundary from its nominal place -> most aligned so far
+    fewest = {0: 0}  # the same boundary -> fewest bins so far
     for j in range(1, steps + 1):
         offsets = [0] if j == steps else range(-v, v + 1)  # the last step repays the drift
-        layer = {}
+        next_most, next_fewest = {}, {}
         for d1 in offsets:
-            values = []
-            for d0, value in best.items():
+            for d0 in most:
                 if abs(d1 - d0) > v:
                     continue
                 count = len(packer.pack(lengths[(j - 1) * batch + d0: j * batch + d1]))
-                values.append(value + int(count % dp_size == 0 and count >= dp_size))
-            if values:
-                layer[d1] = max(values)
-        best = layer
-    return max(best.values())
+                aligned = int(count % dp_size == 0 and count >= dp_size)
+                bins = count + _padding(count, dp_size)
+                next_most[d1] = max(next_most.get(d1, -1), most[d0] + aligned)
+                next_fewest[d1] = min(next_fewest.get(d1, 1 << 62), fewest[d0] + bins)
+        most, fewest = next_most, next_fewest
+    return max(most.values()), min(fewest.values())
