@@ -89,6 +89,8 @@ class PackingConfig:
     """Pad every packed row to exactly bin_capacity tokens (static shapes, pipeline parallel)."""
     lookahead_steps: int = 3
     """Steps planned jointly when choosing a boundary (1 = greedy)."""
+    max_deferred_examples: int = 0
+    """A step that cannot align may leave up to this many examples for the next step (0: off)."""
     pad_token_id: int = 0
 
     # ---------------------------------------------------------------- derived values
@@ -165,6 +167,19 @@ class PackingConfig:
                     "(bins only exist when examples are packed)"
                 )
             check_batch_window(self.global_batch_size, variation, dp_size)
+        _require_int("max_deferred_examples", self.max_deferred_examples, minimum=0)
+        if self.max_deferred_examples:
+            lowest = self.global_batch_size - self.allowed_variation
+            if not self.align_packing_bins_to_dp:
+                raise ConfigError(
+                    f"max_deferred_examples={self.max_deferred_examples} needs "
+                    "align_packing_bins_to_dp: true (deferral only serves alignment); set it to 0"
+                )
+            if self.max_deferred_examples >= lowest:
+                raise ConfigError(
+                    f"max_deferred_examples={self.max_deferred_examples} must be below the "
+                    f"smallest step size B - v = {lowest}, so the next step can take them all"
+                )
         if dp_size is not None:
             _require_int("dp_size", dp_size, minimum=1)
         return self

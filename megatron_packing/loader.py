@@ -144,6 +144,7 @@ def build_packing_sampler(
         align_to_dp=config.align_packing_bins_to_dp,
         eval_mode=eval_mode,
         lookahead_steps=config.lookahead_steps,
+        max_deferred_examples=config.max_deferred_examples,
         seed=config.seed if seed is None else seed,
     )
     if config.oversize_policy == "truncate":

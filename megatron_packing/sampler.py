@@ -63,7 +63,9 @@ class StepPlan:
     plan_ms: float
     drift: int  # emitted - steps x B within the epoch, after this step
     is_eval: bool = False
-    packs: int = 0
+    packs: int = 0  # sizes the search evaluated
+    packer_runs: int = 0  # packer runs really made (lookahead included, memo hits excluded)
+    deferred: tuple[int, ...] = ()  # examples of this step's window left to lead the next step
 
     @property
     def num_examples(self) -> int:
@@ -113,8 +115,10 @@ class DPAlignedPackingBatchSampler:
         loss_token_counts: per example tokens trained on, so the plan knows the loss divisor.
         lookahead_steps: steps planned together: among sizes that align this step, prefer
             those after which most of the next steps can align (1 = greedy).
-        max_packs: packer runs allowed per step in the search (bounds the planning time);
-            None searches the whole window.
+        max_packs: packer runs allowed per step in the search on large windows (small windows
+            are searched whole anyway); None searches the whole window always.
+        max_deferred_examples: a step that cannot align may leave up to this many examples of
+            its window to lead the next step (0: never). No example moves by more than one step.
         seed: seeds the epochs of a random base sampler that has no generator of its own.
     """
 
@@ -142,6 +146,7 @@ class DPAlignedPackingBatchSampler:
         eval_mode: bool = False,
         lookahead_steps: int = 3,
         max_packs: int | None = 8,
+        max_deferred_examples: int = 0,
         seed: int = 0,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -199,13 +204,20 @@ class DPAlignedPackingBatchSampler:
         self.attention_cost_constant = float(attention_cost_constant)
         if isinstance(lookahead_steps, bool) or not isinstance(lookahead_steps, int) or lookahead_steps < 1:
             raise ValueError(f"lookahead_steps must be an integer >= 1, got {lookahead_steps!r}")
-        self.sizer = StepSizer(self.packer, dp_size, max_packs=max_packs, horizon=lookahead_steps)
+        if (isinstance(max_deferred_examples, bool) or not isinstance(max_deferred_examples, int)
+                or max_deferred_examples < 0):
+            raise ValueError(
+                f"max_deferred_examples must be an integer >= 0, got {max_deferred_examples!r}")
+        self.max_deferred_examples = max_deferred_examples if self.align_to_dp else 0
+        self.sizer = StepSizer(self.packer, dp_size, max_packs=max_packs, horizon=lookahead_steps,
+                               max_deferred=self.max_deferred_examples)
         self.lookahead_steps = lookahead_steps
         self._fingerprint = self._make_fingerprint(algorithm, oversize_policy, tp_size, cp_size,
                                                    fp8_enabled, fp8_recipe, max_packs)
         self._fingerprint.update(self.order.fingerprint())
         # stream state
         self._carry: list[int] = []
+        self._deferred = 0  # the carry's first examples, left by the last step: they lead the next
         self._step = 0
         self._step_in_epoch = 0
         self._drift = 0
@@ -239,6 +251,7 @@ class DPAlignedPackingBatchSampler:
     def _start_epoch(self, epoch: int) -> None:
         self.order.start_epoch(epoch)
         self._carry = []
+        self._deferred = 0
         self._step_in_epoch = 0
         self._drift = 0
 
@@ -283,14 +296,16 @@ class DPAlignedPackingBatchSampler:
     def _plan_step(self) -> StepPlan:
         started = time.perf_counter()
         context = self._context()
-        need = context.lookahead_need(self.lookahead_steps)
+        need = min(context.remaining,
+                   context.lookahead_need(self.lookahead_steps) + self.max_deferred_examples)
         if len(self._carry) < need:
             self._carry.extend(self.order.take(need - len(self._carry)))
         ahead = np.asarray(self._carry[:need], dtype=np.int64)
         if ahead.size and (ahead.min() < 0 or ahead.max() >= len(self.lengths)):
             bad = int(ahead[(ahead < 0) | (ahead >= len(self.lengths))][0])
             raise IndexError(f"the base sampler yielded index {bad}, outside [0, {len(self.lengths)})")
-        decision = self.sizer.decide(self.effective_lengths[ahead], self.aligned_lengths[ahead], context)
+        decision = self.sizer.decide(self.effective_lengths[ahead], self.aligned_lengths[ahead], context,
+                                     forced=self._deferred)
         if decision.hopeless and not self._warned_hopeless:
             self._warned_hopeless = True
             warnings.warn(
@@ -300,13 +315,20 @@ class DPAlignedPackingBatchSampler:
                 "train/padding_bins)",
                 stacklevel=3,
             )
-        size = decision.size
-        taken = ahead[:size]
+        size, span = decision.size, decision.span
+        window = ahead[:span]
+        if decision.deferred:
+            keep = np.ones(span, dtype=bool)
+            keep[decision.deferred] = False
+            taken = window[keep]
+        else:
+            taken = window
         step_lengths = self.effective_lengths[taken]
-        costs = bin_costs(decision.bins, step_lengths, self.attention_cost_constant)
+        costs = bin_costs(decision.bins, self.effective_lengths[window], self.attention_cost_constant)
         assignment = assign_bins_to_ranks(costs, self.dp_size, method=self.rank_assignment)
         taken_list = taken.tolist()
-        bins = tuple(tuple(taken_list[p] for p in b) for b in decision.bins)
+        window_list = window.tolist()
+        bins = tuple(tuple(window_list[p] for p in b) for b in decision.bins)
         truncated = {
             int(i): int(self.effective_lengths[i])
             for i in taken[step_lengths < self.lengths[taken]]
@@ -314,7 +336,8 @@ class DPAlignedPackingBatchSampler:
         num_tokens = int(step_lengths.sum())
         num_loss = None if self.loss_token_counts is None else int(self.loss_token_counts[taken].sum())
 
-        self._carry = self._carry[size:]
+        self._carry = [window_list[p] for p in decision.deferred] + self._carry[span:]
+        self._deferred = len(decision.deferred)
         self._drift += size - self.batch_size
         plan = StepPlan(
             step=self._step,
@@ -339,6 +362,8 @@ class DPAlignedPackingBatchSampler:
             drift=self._drift,
             is_eval=self.eval_mode,
             packs=decision.packs,
+            packer_runs=decision.packer_runs,
+            deferred=tuple(window_list[p] for p in decision.deferred),
         )
         self._step += 1
         self._step_in_epoch += 1
@@ -368,6 +393,7 @@ class DPAlignedPackingBatchSampler:
             "max_packs": max_packs,
             "rank_assignment": self.rank_assignment,
             "attention_cost_constant": self.attention_cost_constant,
+            "max_deferred_examples": self.max_deferred_examples,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -377,6 +403,7 @@ class DPAlignedPackingBatchSampler:
             "fingerprint": dict(self._fingerprint),
             "order": self.order.state_dict(),
             "carry": list(self._carry),
+            "deferred": self._deferred,
             "step": self._step,
             "step_in_epoch": self._step_in_epoch,
             "drift": self._drift,
@@ -403,6 +430,7 @@ class DPAlignedPackingBatchSampler:
         self.check_state(state)
         self.order.load_state_dict(state["order"])
         self._carry = [int(i) for i in state["carry"]]
+        self._deferred = int(state.get("deferred", 0))
         self._step = int(state["step"])
         self._step_in_epoch = int(state["step_in_epoch"])
         self._drift = int(state["drift"])

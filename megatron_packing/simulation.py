@@ -1,9 +1,11 @@
-"""Packing simulation on length pools: fixed batches (bins rounded up to dp) against DP-aligned.
+"""Packing simulation on length pools: fixed batches, the exhaustive reference and DP-aligned.
 
-Both runs see the same example stream and plan with the real `DPAlignedPackingBatchSampler`, so
-the figures are what training would get: bins, token fill, batch-size range, per-step token
-count variation, aligned steps, rank imbalance and planning time. This is the ``megatron-packing
-simulate`` command and the README's measured table.
+Every run sees the same example stream. Fixed batches and the DP-aligned runs plan with the real
+`DPAlignedPackingBatchSampler`, so the figures are what training would get: bins, token fill,
+batch-size range, per-step token variation, aligned steps, rank imbalance, planning time and
+packer runs. Beside them: the exhaustive reference planner (every size of every window packed)
+and the offline best contiguous path (`megatron_packing.packing.reference`). This is the
+``megatron-packing simulate`` command and the benchmarks' measured tables.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import SequentialSampler
 
+from megatron_packing.config import allowed_batch_variation
 from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, imbalance
+from megatron_packing.packing.reference import ReferenceRun, best_contiguous_path, plan_exhaustively
 from megatron_packing.sampler import DPAlignedPackingBatchSampler
 
 DEFAULT_POOL_DIRS = ("benchmarks/data/lengths", "../shared/data/lengths")
@@ -64,7 +68,7 @@ def mixed_stream(pools: dict[str, np.ndarray], count: int, capacity: int, seed: 
 
 @dataclass
 class SimulationResult:
-    """Measured outcome of one simulated run."""
+    """Measured outcome of one simulated run (None: the planner does not measure it)."""
 
     label: str
     steps: int
@@ -76,11 +80,12 @@ class SimulationResult:
     min_batch: int
     max_batch: int
     token_cv: float  # std / mean of real tokens per step
-    imbalance_round_robin: float  # mean over steps of max-rank / mean-rank cost
-    imbalance_balanced: float
+    imbalance_round_robin: float | None  # mean over steps of max-rank / mean-rank cost
+    imbalance_balanced: float | None
     plan_ms_median: float
     plan_ms_p99: float
-    packs_mean: float
+    packer_runs_mean: float  # packer runs per step (lookahead included)
+    deferred_examples: int = 0  # examples that moved to the next step
 
     @property
     def aligned_fraction(self) -> float:
@@ -99,6 +104,7 @@ def simulate(
     algorithm: str = "mffd",
     lookahead_steps: int = 3,
     max_packs: int | None = 8,
+    max_deferred_examples: int = 0,
     label: str | None = None,
 ) -> SimulationResult:
     """Run ``steps`` steps over ``lengths`` (taken in order) and measure them."""
@@ -106,11 +112,11 @@ def simulate(
         SequentialSampler(range(len(lengths))), lengths, batch_size, dp_size,
         bin_capacity=capacity, allowed_variation=variation, total_steps=steps,
         algorithm=algorithm, align_to_dp=align, lookahead_steps=lookahead_steps,
-        max_packs=max_packs,
+        max_packs=max_packs, max_deferred_examples=max_deferred_examples,
         oversize_policy="truncate",
     )
-    sizes, tokens, plan_ms, packs = [], [], [], []
-    bins = padding = aligned = 0
+    sizes, tokens, plan_ms, runs = [], [], [], []
+    bins = padding = aligned = deferred = 0
     imbalance_rr, imbalance_kk = [], []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -122,10 +128,11 @@ def simulate(
                 sizes.append(plan.num_examples)
                 tokens.append(plan.num_tokens)
                 plan_ms.append(plan.plan_ms)
-                packs.append(plan.packs)
+                runs.append(plan.packer_runs)
                 bins += plan.num_bins
                 padding += plan.padding_bins
                 aligned += int(plan.aligned)
+                deferred += len(plan.deferred)
                 positions = {index: p for p, index in enumerate(plan.example_indices)}
                 local_bins = [[positions[i] for i in b] for b in plan.bins]
                 step_lengths = sampler.effective_lengths[list(plan.example_indices)]
@@ -134,73 +141,176 @@ def simulate(
                     sink.append(imbalance(costs, assign_bins_to_ranks(costs, dp_size, method=method)))
             if not progressed:
                 break
-    token_array = np.asarray(tokens, dtype=np.float64)
+    default = "aligned" if align else "fixed B"
     return SimulationResult(
-        label=label or ("aligned" if align else "baseline"),
+        label=label or default,
         steps=len(sizes),
         examples=int(sum(sizes)),
         bins=bins,
         padding_bins=padding,
         aligned_steps=aligned,
-        token_fill=float(token_array.sum() / (bins * capacity)),
+        token_fill=float(np.sum(tokens) / (bins * capacity)),
         min_batch=int(min(sizes)),
         max_batch=int(max(sizes)),
-        token_cv=float(token_array.std() / token_array.mean()),
+        token_cv=_cv(tokens),
         imbalance_round_robin=float(np.mean(imbalance_rr)),
         imbalance_balanced=float(np.mean(imbalance_kk)),
         plan_ms_median=float(np.median(plan_ms)),
         plan_ms_p99=float(np.percentile(plan_ms, 99)),
-        packs_mean=float(np.mean(packs)),
+        packer_runs_mean=float(np.mean(runs)),
+        deferred_examples=deferred,
     )
 
 
+def simulate_exhaustive(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int,
+                        steps: int, variation: float = 0.05, algorithm: str = "mffd") -> SimulationResult:
+    """The exhaustive reference planner over the same stream, measured like `simulate`."""
+    v = allowed_batch_variation(batch_size, variation)
+    run: ReferenceRun = plan_exhaustively(lengths, batch_size=batch_size, capacity=capacity,
+                                          dp_size=dp_size, variation=v, steps=steps,
+                                          algorithm=algorithm)
+    return SimulationResult(
+        label="exhaustive", steps=run.steps, examples=int(sum(run.sizes)), bins=run.bins,
+        padding_bins=run.padding_bins, aligned_steps=run.aligned_steps,
+        token_fill=float(np.sum(run.step_tokens) / (run.bins * capacity)),
+        min_batch=min(run.sizes), max_batch=max(run.sizes), token_cv=_cv(run.step_tokens),
+        imbalance_round_robin=None, imbalance_balanced=None,
+        plan_ms_median=float(np.median(run.plan_ms)),
+        plan_ms_p99=float(np.percentile(run.plan_ms, 99)),
+        packer_runs_mean=float(np.mean(run.packer_runs)),
+    )
+
+
+def ceiling_aligned_steps(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int,
+                          steps: int, variation: float = 0.05, algorithm: str = "mffd") -> int:
+    """Steps aligned on the offline best contiguous path (see `best_contiguous_path`)."""
+    v = allowed_batch_variation(batch_size, variation)
+    return best_contiguous_path(lengths, batch_size=batch_size, capacity=capacity, dp_size=dp_size,
+                                variation=v, steps=steps, algorithm=algorithm)
+
+
+def _cv(values) -> float:
+    array = np.asarray(values, dtype=np.float64)
+    return float(array.std() / array.mean()) if array.size and array.mean() else 0.0
+
+
 def compare(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int, steps: int,
-            variation: float = 0.05, algorithm: str = "mffd") -> tuple[SimulationResult, SimulationResult]:
-    """Baseline (fixed B, bins rounded up to dp) and aligned runs over the same stream."""
+            variation: float = 0.05, algorithm: str = "mffd", exhaustive: bool = True,
+            max_deferred_examples: int = 0) -> list[SimulationResult]:
+    """Fixed B (bins rounded up to dp), the exhaustive reference (optional), the project's
+    planner, and the planner with bounded deferral (when ``max_deferred_examples`` > 0)."""
     common = dict(batch_size=batch_size, capacity=capacity, dp_size=dp_size, steps=steps,
                   variation=variation, algorithm=algorithm)
-    return simulate(lengths, align=False, **common), simulate(lengths, align=True, **common)
+    runs = [simulate(lengths, align=False, **common)]
+    if exhaustive:
+        runs.append(simulate_exhaustive(lengths, **common))
+    runs.append(simulate(lengths, align=True, **common))
+    if max_deferred_examples:
+        runs.append(simulate(lengths, align=True, max_deferred_examples=max_deferred_examples,
+                             label=f"aligned, defer <= {max_deferred_examples}", **common))
+    return runs
 
 
-def format_comparison(baseline: SimulationResult, aligned: SimulationResult, title: str) -> str:
-    """A markdown table: one row per measure, baseline against aligned."""
-    fewer = (baseline.bins - aligned.bins) / baseline.bins * 100 if baseline.bins else 0.0
-    rows = [
-        ("bins", f"{baseline.bins:,}", f"{aligned.bins:,} ({fewer:.3f}% fewer)"),
-        ("padding bins", f"{baseline.padding_bins:,}", f"{aligned.padding_bins:,}"),
-        ("token fill", f"{baseline.token_fill:.3%}", f"{aligned.token_fill:.3%}"),
-        ("steps aligned to dp", f"{baseline.aligned_fraction:.1%}", f"{aligned.aligned_fraction:.1%}"),
-        ("batch size range", f"{baseline.min_batch}-{baseline.max_batch}",
-         f"{aligned.min_batch}-{aligned.max_batch}"),
-        ("examples", f"{baseline.examples:,}", f"{aligned.examples:,}"),
-        ("per-step token CV", f"{baseline.token_cv:.2%}", f"{aligned.token_cv:.2%}"),
-        ("dp imbalance, round robin", f"{baseline.imbalance_round_robin:.4f}",
-         f"{aligned.imbalance_round_robin:.4f}"),
-        ("dp imbalance, balanced", f"{baseline.imbalance_balanced:.4f}",
-         f"{aligned.imbalance_balanced:.4f}"),
-        ("plan ms median / p99", f"{baseline.plan_ms_median:.2f} / {baseline.plan_ms_p99:.2f}",
-         f"{aligned.plan_ms_median:.2f} / {aligned.plan_ms_p99:.2f}"),
+def format_comparison(runs: Sequence[SimulationResult], title: str,
+                      ceiling: int | None = None) -> str:
+    """A markdown table: one row per measure, one column per run (plus the offline ceiling)."""
+    base = runs[0]
+
+    def fewer(run: SimulationResult) -> str:
+        if run is base or not base.bins:
+            return ""
+        return f" ({(base.bins - run.bins) / base.bins * 100:+.3f}% vs {base.label})"
+
+    def imb(value: float | None) -> str:
+        return "-" if value is None else f"{value:.4f}"
+
+    measures = [
+        ("bins", lambda r: f"{r.bins:,}{fewer(r)}"),
+        ("padding bins", lambda r: f"{r.padding_bins:,}"),
+        ("token fill", lambda r: f"{r.token_fill:.3%}"),
+        ("steps aligned to dp", lambda r: f"{r.aligned_fraction:.1%}"),
+        ("batch size range", lambda r: f"{r.min_batch}-{r.max_batch}"),
+        ("examples", lambda r: f"{r.examples:,}"),
+        ("examples deferred", lambda r: f"{r.deferred_examples:,}"),
+        ("per-step token CV", lambda r: f"{r.token_cv:.2%}"),
+        ("dp imbalance, round robin", lambda r: imb(r.imbalance_round_robin)),
+        ("dp imbalance, balanced", lambda r: imb(r.imbalance_balanced)),
+        ("plan ms median / p99", lambda r: f"{r.plan_ms_median:.2f} / {r.plan_ms_p99:.2f}"),
+        ("packer runs / step", lambda r: f"{r.packer_runs_mean:.1f}"),
     ]
-    lines = [f"### {title}", "", "| measure | baseline | aligned |", "|---|---|---|"]
-    lines += [f"| {name} | {a} | {b} |" for name, a, b in rows]
+    header = [r.label for r in runs] + (["best contiguous path (offline)"] if ceiling is not None else [])
+    lines = [f"### {title}", "", "| measure | " + " | ".join(header) + " |",
+             "|---" * (len(header) + 1) + "|"]
+    for name, cell in measures:
+        row = [cell(r) for r in runs]
+        if ceiling is not None:
+            row.append(f"{ceiling / base.steps:.1%}" if name == "steps aligned to dp" else "")
+        lines.append(f"| {name} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
+def _positive_int(name: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {value}")
+        return value
+    return parse
+
+
+def _variation(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--variation must be a number in (0, 1), got {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"--variation must be in (0, 1) (a fraction of the batch "
+                                         f"size), got {value}")
+    return value
+
+
+MIN_CAPACITY = 16  # tokens per bin below which a simulation is not meaningful
+
+
+def _capacity(text: str) -> int:
+    value = _positive_int("--capacity")(text)
+    if value < MIN_CAPACITY:
+        raise argparse.ArgumentTypeError(f"--capacity must be at least {MIN_CAPACITY} tokens per "
+                                         f"bin, got {value}")
+    return value
+
+
 def run_simulation(argv: Sequence[str] | None = None) -> int:
-    """``megatron-packing simulate``: compare baseline and aligned packing on a length pool."""
+    """``megatron-packing simulate``: fixed B, the exhaustive reference and DP-aligned packing."""
     parser = argparse.ArgumentParser(prog="megatron-packing simulate", description=__doc__)
     parser.add_argument("--pool", default="mixed",
                         help="pool name (file stem) or 'mixed' (sources drawn uniformly)")
     parser.add_argument("--pool-dir", default=None, help="folder of *.txt length pools")
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--capacity", type=int, default=4096)
-    parser.add_argument("--dp-size", type=int, default=8)
-    parser.add_argument("--variation", type=float, default=0.05)
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--batch-size", type=_positive_int("--batch-size"), default=128)
+    parser.add_argument("--capacity", type=_capacity, default=4096,
+                        help=f"tokens per bin (>= {MIN_CAPACITY}); lengths are clipped to it")
+    parser.add_argument("--dp-size", type=_positive_int("--dp-size"), default=8)
+    parser.add_argument("--variation", type=_variation, default=0.05,
+                        help="batch-size window as a fraction of B, in (0, 1)")
+    parser.add_argument("--steps", type=_positive_int("--steps"), default=200)
     parser.add_argument("--algorithm", default="mffd", choices=("mffd", "ffd", "bfd"))
+    parser.add_argument("--max-deferred", type=int, default=0,
+                        help="also run with bounded deferral of up to this many examples per step")
+    parser.add_argument("--no-exhaustive", action="store_true",
+                        help="skip the exhaustive reference planner (it packs every size every step)")
+    parser.add_argument("--no-ceiling", action="store_true",
+                        help="skip the offline best contiguous path (about (2v+1)^2 packs per step)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
+    if args.max_deferred < 0:
+        parser.error(f"--max-deferred must be >= 0, got {args.max_deferred}")
+    if allowed_batch_variation(args.batch_size, args.variation) < 1:
+        parser.error(f"--variation {args.variation} gives a window of floor({args.batch_size} x "
+                     f"{args.variation}) = 0 examples; use at least {1 / args.batch_size:.4g}")
 
     pools = load_pools(find_pool_dir(args.pool_dir))
     count = args.steps * args.batch_size
@@ -211,13 +321,18 @@ def run_simulation(argv: Sequence[str] | None = None) -> int:
         lengths = np.minimum(rng.choice(pools[args.pool], size=count), args.capacity)
     else:
         parser.error(f"unknown pool {args.pool!r}; choose 'mixed' or one of {', '.join(sorted(pools))}")
-    baseline, aligned = compare(lengths, batch_size=args.batch_size, capacity=args.capacity,
-                                dp_size=args.dp_size, steps=args.steps, variation=args.variation,
-                                algorithm=args.algorithm)
+    common = dict(batch_size=args.batch_size, capacity=args.capacity, dp_size=args.dp_size,
+                  steps=args.steps, variation=args.variation, algorithm=args.algorithm)
+    runs = compare(lengths, exhaustive=not args.no_exhaustive,
+                   max_deferred_examples=args.max_deferred, **common)
+    ceiling = None if args.no_ceiling else ceiling_aligned_steps(lengths, **common)
     if args.json:
-        print(json.dumps({"baseline": asdict(baseline), "aligned": asdict(aligned)}, indent=2))
+        document = {r.label: asdict(r) for r in runs}
+        if ceiling is not None:
+            document["best_contiguous_path"] = {"aligned_steps": ceiling}
+        print(json.dumps(document, indent=2))
     else:
         title = (f"{args.pool} pool, B={args.batch_size}, capacity={args.capacity}, "
                  f"dp={args.dp_size}, variation={args.variation}, {args.steps} steps")
-        print(format_comparison(baseline, aligned, title))
+        print(format_comparison(runs, title, ceiling))
     return 0

@@ -5,19 +5,24 @@ from the nominal batch size B by at most v examples, and the running drift
 ``emitted - steps x B`` (counted within the epoch) stays within +-v. Inside that window we look
 for a size whose packed bin count is a multiple of dp, so that no rank idles.
 
-The search is cheap because most sizes can be ruled out without packing. A prefix's bin count
-is never below a lower bound computed in O(1) from prefix sums (tokens over capacity, and
-counts of examples too large to share a bin), and the packers here almost always reach it. The
-sizes are packed in this order, at most ``max_packs`` of them, and the first that really aligns
-is taken:
+Most sizes can be ruled out without packing. A prefix's bin count is never below a lower bound
+computed in O(1) from prefix sums (tokens over capacity, and counts of examples too large to
+share a bin), and on large windows the packers almost always reach it.
+
+How much is packed adapts to the window. When (sizes in the window) x (largest size) is small
+(``FULL_SEARCH_EXAMPLES``), every size is packed, so the step is never behind an exhaustive
+search; if the window is also small enough, planning ahead uses real packer counts (memoised by
+content across steps) for the next step, where the bound is often loose (examples a third of the
+capacity). On larger windows a budget of packs is spent in the order the bound suggests:
 
 1. sizes whose bound is a multiple of dp, then sizes one bin above one;
 2. within each group, the sizes after which most of the next ``horizon - 1`` steps can still
    align, judged by a backward pass over (step, boundary offset) with the same bound;
-3. then nearest the target: target, target+1, target-1, ...
+3. then the tokens nearest the expected tokens of a target-sized step, then nearest the target.
 
-A step that can align always does; planning ahead only chooses among such sizes. When no size
-aligns, the step takes the size with the fewest padding bins, and the missing bins are made by
+A step that can align always does; planning ahead only chooses among such sizes. With bounded
+deferral, a step that cannot align may leave a few examples of its window to lead the next step.
+Otherwise the step takes the size with the fewest padding bins, and the missing bins are made by
 splitting the heaviest bins, so every rank still gets real work.
 
 Pure numpy: no torch, no ranks, no files.
@@ -25,6 +30,7 @@ Pure numpy: no torch, no ranks, no files.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -95,19 +101,33 @@ class StepContext:
         return min(self.remaining, highest + (steps - 1) * (self.batch_size + self.variation))
 
 
+# The whole window is packed when (sizes in the window) x (largest size) is at most this many
+# examples; above it, the search packs at most max_packs sizes (the fast path).
+FULL_SEARCH_EXAMPLES = 16_384
+# Planning ahead uses real packer counts (memoised) when (sizes in the window)^2 x (largest
+# size) is at most this many examples, and the O(1) bound otherwise.
+EXACT_LOOKAHEAD_EXAMPLES = 32_768
+# Packed segments remembered across steps, counted in examples held (a pure cache: plans never
+# depend on it). About three steps' segments of the exact lookahead at B=128.
+MEMO_EXAMPLES = 65_536
+
+
 @dataclass
 class SizingDecision:
-    """The chosen size and its bins (positions into the step's prefix)."""
+    """The chosen size and its bins (positions into the step's prefix of ``span`` examples)."""
 
-    size: int
+    size: int  # examples emitted by this step
     bins: list[list[int]]  # a multiple of dp; empty lists are placeholder bins
     packed_bins: int  # the count the packer reached for these examples
     padding_bins: int  # bins added beyond packed_bins to reach a multiple of dp
     placeholder_bins: int  # bins with no example at all
     aligned: bool  # packed_bins is a multiple of dp: no padding bin was needed
-    packs: int  # full packer runs spent on the search
+    packs: int  # segments evaluated by the search (memo hits included, so plans never depend on it)
     hopeless: bool = False  # no size in the window could align (too few bins for dp)
     candidates: list[int] = field(default_factory=list)  # sizes that were packed, in order
+    span: int = 0  # examples of the read-ahead consumed: size + deferred
+    deferred: list[int] = field(default_factory=list)  # positions (< span) left for the next step
+    packer_runs: int = 0  # packer runs really made for this step, lookahead included
 
 
 class StepSizer:
@@ -115,7 +135,10 @@ class StepSizer:
 
     ``lengths`` passed to `decide` are the raw lengths of the examples ahead, in stream order;
     ``aligned`` are their aligned sizes as the packer sees them (own-bin oversize examples larger
-    than the usable capacity).
+    than the usable capacity). ``max_deferred`` > 0 lets a step that cannot align leave up to
+    that many examples of its window to lead the next step. Among equally good sizes, the one
+    whose tokens are nearest the target times the mean length of the examples read ahead wins:
+    token load per step stays even while the drift is still repaid.
     """
 
     def __init__(
@@ -126,16 +149,43 @@ class StepSizer:
         max_packs: int | None = 8,
         bound_slack: int = 1,
         horizon: int = 3,
+        max_deferred: int = 0,
+        full_search_examples: int = FULL_SEARCH_EXAMPLES,
+        exact_lookahead_examples: int = EXACT_LOOKAHEAD_EXAMPLES,
     ) -> None:
         if dp_size < 1:
             raise ValueError(f"dp_size must be >= 1, got {dp_size}")
+        if max_deferred < 0:
+            raise ValueError(f"max_deferred must be >= 0, got {max_deferred}")
         self.packer = packer
         self.dp_size = int(dp_size)
         self.max_packs = None if max_packs is None else int(max_packs)
         self.bound_slack = int(bound_slack)
         self.horizon = max(1, int(horizon))
-        self.unlikely_packs = 3  # the budget when no size's bound is a multiple of dp
+        self.max_deferred = int(max_deferred)
+        self.full_search_examples = int(full_search_examples)
+        self.exact_lookahead_examples = int(exact_lookahead_examples)
+        self.unlikely_packs = 3  # the fast path's budget when no size's bound is a multiple of dp
         self.capacity = packer.usable_capacity
+        self._memo: OrderedDict[bytes, tuple[list[list[int]], bool]] = OrderedDict()
+        self._memo_examples = 0
+        self._runs = 0
+
+    # ------------------------------------------------------------------ budget
+    def budget(self, lowest: int, highest: int) -> int | None:
+        """Packs allowed to the search: None (the whole window) when the window is cheap."""
+        if self.max_packs is None:
+            return None
+        sizes = highest - lowest + 1
+        if sizes * highest <= self.full_search_examples:
+            return None
+        return self.max_packs
+
+    def exact_lookahead(self, lowest: int, highest: int) -> bool:
+        """Plan ahead with real packer counts? Only when the whole window is searched anyway."""
+        sizes = highest - lowest + 1
+        return (self.budget(lowest, highest) is None
+                and sizes * sizes * highest <= self.exact_lookahead_examples)
 
     # ------------------------------------------------------------------ bounds
     def lower_bounds(self, aligned: np.ndarray) -> np.ndarray:
@@ -164,6 +214,24 @@ class StepSizer:
                 return tighter, True
         return bins, False
 
+    def _segment(self, lengths: np.ndarray, start: int, end: int, estimate) -> tuple[list[list[int]], bool]:
+        """`_evaluate` of lengths[start:end], memoised by content across steps."""
+        segment = lengths[start:end]
+        key = segment.tobytes()
+        hit = self._memo.get(key)
+        if hit is None:
+            bound = int(estimate(np.array([start]), np.array([end]))[0])
+            hit = self._evaluate(segment, bound)
+            self._runs += 1
+            self._memo[key] = hit
+            self._memo_examples += len(segment)
+            while self._memo_examples > MEMO_EXAMPLES:
+                _, (old_bins, _) = self._memo.popitem(last=False)
+                self._memo_examples -= sum(len(b) for b in old_bins)
+        else:
+            self._memo.move_to_end(key)
+        return [list(b) for b in hit[0]], hit[1]
+
     def _pad(self, lengths: np.ndarray, bins: list[list[int]]) -> tuple[list[list[int]], int]:
         """Raise the bin count to a multiple of dp (at least dp) with balanced non-empty bins."""
         dp = self.dp_size
@@ -188,7 +256,7 @@ class StepSizer:
         The largest of: tokens over the capacity; one bin per example above half the capacity
         plus the bins the rest need beyond the room those leave; and, for t = 2 and 3, the examples
         above C / (t + 1) over t (no bin holds more than t of them). The packers here reach this
-        bound on almost every real step, so it doubles as the estimate used to plan ahead.
+        bound on most real steps, so it doubles as the estimate used to plan ahead.
         """
         capacity = self.capacity
         oversize = aligned > capacity
@@ -216,16 +284,18 @@ class StepSizer:
 
         return estimate
 
-    def _future_alignment(self, estimate, available: int, context: StepContext,
-                          sizes: list[int]) -> dict[int, int]:
+    def _future_alignment(self, aligns, available: int, context: StepContext,
+                          sizes: list[int], aligns_later=None) -> dict[int, int]:
         """For each candidate size: how many of the next steps can still align after it.
 
         Boundary j of the next few steps may sit anywhere within +-v of its nominal place
         j x B, consecutive boundaries within v of each other (the step-size window). A backward
-        pass over (step, offset) with estimated bin counts gives, for each boundary, the most
-        steps after it that can align. Only the examples read ahead are considered.
+        pass over (step, offset) gives, for each boundary, the most steps after it that can
+        align; ``aligns(starts, ends)`` judges the next step's segments (the bound, or real packer
+        counts) and ``aligns_later`` (default: the same) those of the steps after it. Only the
+        examples read ahead are considered.
         """
-        batch, v, dp = context.batch_size, context.variation, self.dp_size
+        batch, v = context.batch_size, context.variation
         # Boundary positions of later steps, layer by layer (relative to the current position).
         layers: list[tuple[np.ndarray, np.ndarray, bool]] = []  # (offsets, positions, is_tail)
         step_context = context.after(sizes[0]) if sizes else None
@@ -248,15 +318,18 @@ class StepSizer:
                 break
             layers.append((offsets, positions, kind == STEP_EPOCH_TAIL))
             step_context = replace(step_context, drift=0).after(batch)
-        def best_onward(offsets, positions, nxt, best_after):
+
+        def best_onward(offsets, positions, nxt, best_after, judge):
             """Most aligned steps from each boundary, over the step to the next layer and on."""
             next_offsets, next_positions, next_tail = nxt
             valid = next_positions[None, :] - positions[:, None] >= 1
             if not next_tail:
                 valid &= np.abs(next_offsets[None, :] - offsets[:, None]) <= v
-            counts = estimate(positions[:, None], next_positions[None, :])
-            gain = ((counts % dp == 0) & (counts >= dp)).astype(np.int64) + best_after[None, :]
-            return np.where(valid, gain, -1).max(axis=1)
+            rows, cols = np.nonzero(valid)
+            gain = np.full(valid.shape, -1, dtype=np.int64)
+            ok = judge(positions[rows], next_positions[cols]).astype(np.int64)
+            gain[rows, cols] = ok + best_after[cols]
+            return gain.max(axis=1)
 
         chosen = np.asarray(sizes, dtype=np.int64)
         if not layers:
@@ -264,30 +337,42 @@ class StepSizer:
         # Backward: best = most aligned steps from each boundary of a layer to the horizon.
         best = np.zeros(layers[-1][1].size, dtype=np.int64)
         for index in range(len(layers) - 2, -1, -1):
-            best = best_onward(layers[index][0], layers[index][1], layers[index + 1], best)
-        future = best_onward(context.drift + chosen - batch, chosen, layers[0], best)
+            best = best_onward(layers[index][0], layers[index][1], layers[index + 1], best,
+                               aligns_later or aligns)
+        future = best_onward(context.drift + chosen - batch, chosen, layers[0], best, aligns)
         return {int(k): max(int(f), 0) for k, f in zip(chosen, future, strict=True)}
 
     # ------------------------------------------------------------------ decision
     def decide(
-        self, lengths: np.ndarray, aligned: np.ndarray, context: StepContext
+        self, lengths: np.ndarray, aligned: np.ndarray, context: StepContext, forced: int = 0
     ) -> SizingDecision:
-        """Choose this step's size and bins. ``lengths`` must cover the window's highest size."""
+        """Choose this step's size and bins. ``lengths`` must cover the window's highest size
+        (plus ``max_deferred`` when deferring); the first ``forced`` examples were deferred by
+        the previous step and may not be deferred again."""
         lowest, highest, target = context.window()
         if len(lengths) < highest:
             raise ValueError(f"need {highest} examples read ahead, got {len(lengths)}")
+        if forced > lowest:
+            raise ValueError(f"{forced} deferred examples do not fit a window starting at {lowest}")
+        runs_before = self._runs
+        decision = self._decide(lengths, aligned, context, forced)
+        decision.packer_runs += self._runs - runs_before
+        return decision
+
+    def _decide(self, lengths: np.ndarray, aligned: np.ndarray, context: StepContext,
+                forced: int) -> SizingDecision:
+        lowest, highest, target = context.window()
         estimate = self._segment_estimator(aligned)
         ends = np.arange(highest + 1)
         bounds = estimate(np.zeros_like(ends), ends)
-        packs = 0
-        tried: list[int] = []
 
         if lowest == highest:  # forced: the epoch's tail or the run's final step
             bins, ok = self._evaluate(lengths[:target], int(bounds[target]))
-            return self._finish(lengths[:target], bins, ok, 1, [target])
+            return self._finish(lengths[:target], bins, ok, 1, [target], runs=1)
 
         # Hopeless: even the largest size packs into fewer bins than dp. The target is packed;
         # the examples beyond it add about two bins per capacity of tokens at most, plus one.
+        packs = 0
         if bounds[highest] < self.dp_size:
             bins = self.packer.pack(lengths[:target])
             packs += 1
@@ -297,52 +382,201 @@ class StepSizer:
                 at_most = len(self.packer.pack(lengths[:highest]))
                 packs += 1
             if at_most < self.dp_size:
-                decision = self._finish(lengths[:target], bins, False, packs, [target])
+                decision = self._finish(lengths[:target], bins, False, packs, [target], runs=packs)
                 decision.hopeless = True
                 return decision
 
-        misaligned: list[tuple[int, int, int, list[list[int]]]] = []  # (padding, distance, k, bins)
-        # Sizes whose bound admits a multiple of dp first, best for the steps after them first;
-        # then the rest, if the budget allows. The first size that really aligns is taken.
-        order, exact = self._search_order(list(_outward(target, lowest, highest)), bounds,
-                                          estimate, len(aligned), context)
-        budget = self.max_packs
-        if budget is not None and not exact:
-            budget = min(budget, self.unlikely_packs)  # no bound is a multiple of dp: rarely aligns
-        for size in order:
-            if budget is not None and packs >= budget:
-                break
-            bins, ok = self._evaluate(lengths[:size], int(bounds[size]))
-            packs += 1
-            tried.append(size)
-            if ok:
-                return self._finish(lengths[:size], bins, True, packs, tried)
-            padding = max(self.dp_size, -(-len(bins) // self.dp_size) * self.dp_size) - len(bins)
-            misaligned.append((padding, abs(size - target), size, bins))
+        tokens = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
+        # The tokens a target-sized step should carry at the running mean of the examples read
+        # ahead (about ``horizon`` steps of them).
+        anchor = float(tokens[-1]) / max(len(lengths), 1) * target
+
+        def token_gap(k: int) -> float:
+            return abs(float(tokens[k]) - anchor)
+
+        sizes = list(_outward(target, lowest, highest))
+        budget = self.budget(lowest, highest)
+        if budget is None and self.exact_lookahead(lowest, highest):
+            tried, packs, result = self._search_exact(lengths, estimate, context, sizes, token_gap)
+        else:
+            tried, packs, result = self._search_bounded(lengths, bounds, estimate, context, sizes,
+                                                        token_gap, budget, packs)
+        if result is not None:
+            return result
+
+        if self.max_deferred:
+            deferred = self._search_deferral(lengths, aligned, estimate, context, forced, target,
+                                             tokens, anchor, budget)
+            if deferred is not None:
+                deferred.packs += packs
+                return deferred
 
         # Nothing aligned: also pack the size whose bound promises the fewest padding bins.
         dp = self.dp_size
+        misaligned = []  # (padding, distance, k, bins)
         window = np.arange(lowest, highest + 1)
         estimated = bounds[window]
         est_padding = np.maximum(dp, -(-estimated // dp) * dp) - estimated
         best = int(window[np.lexsort((np.abs(window - target), est_padding))[0]])
         if best not in tried:
-            bins = self.packer.pack(lengths[:best])
-            packs += 1
             tried.append(best)
+            packs += 1
+        for size in tried:
+            bins, ok = self._segment(lengths, 0, size, estimate)
+            if ok:  # the size the bound favours aligned after all
+                return self._finish(lengths[:size], bins, True, packs, tried)
             padding = max(dp, -(-len(bins) // dp) * dp) - len(bins)
-            misaligned.append((padding, abs(best - target), best, bins))
-        _, _, size, bins = min(misaligned, key=lambda entry: (entry[0], entry[1], entry[2]))
+            misaligned.append((padding, abs(size - target), token_gap(size), size, bins))
+        *_, size, bins = min(misaligned, key=lambda entry: entry[:4])
         return self._finish(lengths[:size], bins, False, packs, tried)
 
+    def _search_exact(self, lengths, estimate, context, sizes, token_gap):
+        """Pack every size; among those that align, the most aligned steps ahead (real counts)."""
+        results = {k: self._segment(lengths, 0, k, estimate) for k in sizes}
+        good = [k for k in sizes if results[k][1]]
+        if not good:
+            return list(sizes), len(sizes), None
+        future: dict[int, int] = {}
+        if self.horizon > 1 and len(good) > 1:
+            def aligns(starts, ends):
+                return np.array([self._segment(lengths, int(s), int(e), estimate)[1]
+                                 for s, e in zip(starts, ends, strict=True)], dtype=bool)
+            # Real counts for the next step, the bound beyond: as good on real pools, 3x cheaper.
+            future = self._future_alignment(aligns, len(lengths), context, good,
+                                            self._bound_aligns(estimate))
+        position = {k: i for i, k in enumerate(sizes)}
+        size = min(good, key=lambda k: (-future.get(k, 0), token_gap(k), position[k]))
+        bins, _ = results[size]
+        return list(sizes), len(sizes), self._finish(lengths[:size], bins, True, len(sizes), list(sizes))
+
+    def _search_bounded(self, lengths, bounds, estimate, context, sizes, token_gap, budget, packs):
+        """Pack sizes in the bound's order, at most ``budget``; take the first that aligns."""
+        order, exact = self._search_order(sizes, bounds, estimate, len(lengths), context, token_gap)
+        if budget is not None and not exact:
+            budget = min(budget, self.unlikely_packs)  # no bound is a multiple of dp: rarely aligns
+        tried: list[int] = []
+        for size in order:
+            if budget is not None and packs >= budget:
+                break
+            bins, ok = self._segment(lengths, 0, size, estimate)
+            packs += 1
+            tried.append(size)
+            if ok:
+                return tried, packs, self._finish(lengths[:size], bins, True, packs, tried)
+        return tried, packs, None
+
+    def _search_deferral(self, lengths, aligned, estimate, context, forced, target, tokens, anchor,
+                         budget):
+        """Align by leaving a few examples (at most ``max_deferred``) for the next step.
+
+        For a prefix of m examples packed into c bins, two ways to keep c - (c mod dp) bins: empty
+        the c mod dp lightest bins (their examples go, largest first, into the free room of the
+        kept bins, and those that fit nowhere are deferred), or defer the largest examples, as
+        few as the token bound allows, and repack the rest. Examples deferred by the previous
+        step are never deferred again. The emitted size must stay in the window and the next step's window
+        must hold the deferred examples. Fewest deferred examples first, then tokens nearest the
+        anchor.
+        """
+        lowest, highest, _ = context.window()
+        dp, limit = self.dp_size, self.max_deferred
+        top = min(highest + limit, len(lengths))
+        best = None
+        packs = 0
+        for m in _outward(target, lowest, top):
+            if budget is not None and packs >= budget:
+                break
+            bins, _ = self._segment(lengths, 0, m, estimate)
+            packs += 1
+            count = len(bins)
+            surplus = count % dp
+            if count < dp or surplus == 0:
+                continue
+            loads = [int(aligned[b].sum()) for b in bins]
+            emptied = sorted((i for i in range(count) if min(bins[i]) >= forced),
+                             key=lambda i: (loads[i], i))[:surplus]
+            if len(emptied) < surplus:
+                continue
+            options = [self._refill(bins, loads, emptied, aligned)]
+            largest = self._defer_largest(lengths[:m], aligned[:m], count - surplus, forced)
+            if largest is not None:
+                options.append(largest)
+            for kept, moved in options:
+                size = m - len(moved)
+                if len(moved) > limit or not lowest <= size <= highest:
+                    continue
+                following = context.after(size)
+                if following is None or following.window()[0] < len(moved):
+                    continue
+                kept_tokens = int(tokens[m]) - int(lengths[moved].sum())
+                score = (len(moved), abs(kept_tokens - anchor), m)
+                if best is None or score < best[0]:
+                    best = (score, m, kept, moved)
+        if best is None:
+            return None
+        _, m, kept, moved = best
+        return self._finish(lengths[:m], kept, True, packs, [m], deferred=moved)
+
+    def _defer_largest(self, lengths, aligned, goal, forced, tries=3):
+        """Defer the largest examples (positions >= forced) so that the rest pack into a multiple
+        of dp no larger than ``goal``: as few as the token bound allows, then up to ``tries``
+        more. Returns (bins of the kept prefix positions, deferred positions) or None."""
+        limit, dp = self.max_deferred, self.dp_size
+        if goal < dp:
+            return None
+        candidates = np.arange(forced, len(aligned))
+        candidates = candidates[np.argsort(-aligned[forced:], kind="stable")][:limit]
+        footprint = np.minimum(aligned, self.capacity)
+        excess = int(footprint.sum()) - goal * self.capacity
+        removed = np.cumsum(footprint[candidates])
+        first = int(np.searchsorted(removed, excess)) + 1 if excess > 0 else 1
+        for count in range(first, min(first + tries, len(candidates) + 1)):
+            moved = np.sort(candidates[:count])
+            keep = np.ones(len(aligned), dtype=bool)
+            keep[moved] = False
+            positions = np.flatnonzero(keep)
+            packed = self.packer.pack(lengths[positions])
+            self._runs += 1
+            if len(packed) % dp == 0 and dp <= len(packed) <= goal:
+                return [[int(positions[i]) for i in b] for b in packed], moved.tolist()
+        return None
+
+    def _refill(self, bins, loads, emptied, aligned):
+        """Bins without ``emptied``, their examples moved into free room where they fit.
+
+        Returns the kept bins and the positions that fit nowhere (sorted)."""
+        gone = set(emptied)
+        kept = [list(b) for i, b in enumerate(bins) if i not in gone]
+        free = [self.capacity - load for i, load in enumerate(loads) if i not in gone]
+        leftover = []
+        for p in sorted((p for i in emptied for p in bins[i]), key=lambda p: (-int(aligned[p]), p)):
+            size = int(aligned[p])
+            fitting = [j for j, room in enumerate(free) if room >= size]
+            if not fitting:
+                leftover.append(p)
+                continue
+            j = min(fitting, key=lambda j: (free[j], j))
+            kept[j].append(p)
+            free[j] -= size
+        return kept, sorted(leftover)
+
+    def _bound_aligns(self, estimate):
+        """Judge segments by the O(1) bound: does it reach a multiple of dp?"""
+        dp = self.dp_size
+
+        def aligns(starts, ends):
+            counts = estimate(starts, ends)
+            return (counts % dp == 0) & (counts >= dp)
+
+        return aligns
+
     def _search_order(self, sizes: list[int], bounds: np.ndarray, estimate, available: int,
-                      context: StepContext) -> tuple[list[int], bool]:
+                      context: StepContext, token_gap) -> tuple[list[int], bool]:
         """The order in which to pack the window's sizes (given nearest the target first).
 
         Sizes whose bound is itself a multiple of dp come first (the packers here usually reach
         the bound), then those a bin above one; among each, the sizes after which most of the
-        next few steps can align; then the rest, which only an unlimited budget reaches.
-        Also says whether any bound is itself a multiple of dp.
+        next few steps can align, then the tokens nearest the anchor; then the rest, which only
+        a larger budget reaches. Also says whether any bound is itself a multiple of dp.
         """
         dp = self.dp_size
 
@@ -352,14 +586,15 @@ class StepSizer:
                 return 0
             return 1 if self._promising(bound) else 2
 
+        aligns = self._bound_aligns(estimate)
         tiers = {k: tier(k) for k in sizes}
         future: dict[int, int] = {}
         if self.horizon > 1:
             candidates = [k for k in sizes if tiers[k] < 2]
             if len(candidates) > 1:
-                future = self._future_alignment(estimate, available, context, candidates)
+                future = self._future_alignment(aligns, available, context, candidates)
         position = {k: i for i, k in enumerate(sizes)}
-        order = sorted(sizes, key=lambda k: (tiers[k], -future.get(k, 0), position[k]))
+        order = sorted(sizes, key=lambda k: (tiers[k], -future.get(k, 0), token_gap(k), position[k]))
         return order, any(t == 0 for t in tiers.values())
 
     def _finish(
@@ -369,14 +604,18 @@ class StepSizer:
         aligned: bool,
         packs: int,
         tried: list[int],
+        *,
+        deferred: list[int] | None = None,
+        runs: int = 0,
     ) -> SizingDecision:
         packed = len(bins)
         if aligned:
             final, placeholders = bins, 0
         else:
             final, placeholders = self._pad(lengths, bins)
+        deferred = list(deferred or [])
         return SizingDecision(
-            size=len(lengths),
+            size=len(lengths) - len(deferred),
             bins=final,
             packed_bins=packed,
             padding_bins=len(final) - packed,
@@ -384,6 +623,9 @@ class StepSizer:
             aligned=aligned and packed % self.dp_size == 0,
             packs=packs,
             candidates=tried,
+            span=len(lengths),
+            deferred=deferred,
+            packer_runs=runs,
         )
 
 
