@@ -42,6 +42,7 @@ class StepOutcome:
     skipped: bool
     micro_batches: int
     seq_length: int
+    compute_ms: float = 0.0  # Megatron's schedule and optimizer step; the rest is the loop's
 
 
 def _reduce_loss(losses_reduced: list[dict[str, torch.Tensor]]) -> float | None:
@@ -88,6 +89,7 @@ def run_step(batch: PackedBatch, *, model: list[Any], optimizer: Any, scheduler:
         for chunk in model:
             chunk.zero_grad_buffer()
         optimizer.zero_grad()
+    started = time.perf_counter()
     with cuda_factories_on_cpu():
         losses_reduced = get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=iter(rows), model=model,
@@ -97,13 +99,14 @@ def run_step(batch: PackedBatch, *, model: list[Any], optimizer: Any, scheduler:
         if forward_only:
             return StepOutcome(loss, None, 0.0, False, count, seq_length)
         update_successful, grad_norm, _ = optimizer.step()
+    compute_ms = (time.perf_counter() - started) * 1000
     update_successful = logical_and_across_model_parallel_group(update_successful)
     grad_norm = reduce_max_stat_across_model_parallel_group(grad_norm)
     lr = float(optimizer.param_groups[0]["lr"])
     if update_successful:
         scheduler.step(increment=int(meta.num_examples))
     return StepOutcome(loss, None if grad_norm is None else float(grad_norm), lr,
-                       not update_successful, count, seq_length)
+                       not update_successful, count, seq_length, compute_ms)
 
 
 class StepLog:
@@ -178,6 +181,7 @@ def train(args: Any, *, model: list[Any], optimizer: Any, scheduler: Any, stream
     while iteration < args.train_iters:
         started = time.perf_counter()
         batch = next(stream)
+        data_ms = (time.perf_counter() - started) * 1000
         outcome = run_step(batch, model=model, optimizer=optimizer, scheduler=scheduler,
                            forward_step=forward_step, dp_size=dp_size, pad_token_id=pad_token_id)
         iteration += 1
@@ -198,7 +202,8 @@ def train(args: Any, *, model: list[Any], optimizer: Any, scheduler: Any, stream
             "micro_batches": outcome.micro_batches, "seq_length": outcome.seq_length,
             "loss": outcome.loss, "lr": outcome.lr, "grad_norm": outcome.grad_norm,
             "consumed_train_samples": args.consumed_train_samples, "skipped": outcome.skipped,
-            "step_ms": step_ms,
+            "step_ms": step_ms, "data_ms": data_ms,
+            "overhead_ms": step_ms - outcome.compute_ms,
         })
         if iteration % args.log_interval == 0:
             print_rank_last(

@@ -239,7 +239,7 @@ def test_empty_samplers_are_refused():
 
 
 def test_a_fully_skipped_dataset_names_the_skips(tmp_path):
-    from data.conftest import CONVERSATIONS, make_tokenizer, write_jsonl
+    from data.sft_test_data import CONVERSATIONS, make_tokenizer, write_jsonl
 
     from megatron_packing.data import load_sft_dataset
 

@@ -1,0 +1,94 @@
+"""Start-up refusals of the Megatron-LM entry point, and the packing config Megatron's arguments
+complete. One launch checks that a refusal happens before any model is built."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from megatron_lm_runs import launch, requires_megatron_lm, write_sft_yaml
+
+from megatron_packing.config import ConfigError, PackingConfig
+from megatron_packing.megatron_lm.arguments import (
+    MegatronArgumentError,
+    check_megatron_arguments,
+    resolve_packing_config,
+)
+
+
+def _args(**overrides):
+    values = dict(rampup_batch_size=None, micro_batch_size=1, train_iters=10,
+                  calculate_per_token_loss=True, use_legacy_models=False, num_experts=None,
+                  virtual_pipeline_model_parallel_size=None, global_batch_size=64,
+                  tensor_model_parallel_size=1, context_parallel_size=1, fp8=None,
+                  fp8_recipe="delayed", seq_length=1024, max_position_embeddings=1024)
+    values.update(overrides)
+    return SimpleNamespace(**values)
+
+
+def test_supported_arguments_pass():
+    check_megatron_arguments(_args())
+
+
+@pytest.mark.parametrize(("override", "names"), [
+    ({"rampup_batch_size": [16, 16, 1000]}, "--rampup-batch-size"),
+    ({"micro_batch_size": 2}, "--micro-batch-size 2"),
+    ({"train_iters": None}, "use --train-iters"),
+    ({"calculate_per_token_loss": False}, "--calculate-per-token-loss is required"),
+    ({"use_legacy_models": True}, "--use-legacy-models"),
+    ({"virtual_pipeline_model_parallel_size": 2}, "virtual pipeline"),
+    ({"num_experts": 8, "moe_router_load_balancing_type": "aux_loss"},
+     "--moe-router-load-balancing-type none"),
+])
+def test_unsupported_arguments_are_refused_by_name(override, names):
+    with pytest.raises(MegatronArgumentError, match=names):
+        check_megatron_arguments(_args(**override))
+
+
+def test_megatron_arguments_complete_the_packing_config():
+    packing = resolve_packing_config(PackingConfig(align_packing_bins_to_dp=True),
+                                     _args(tensor_model_parallel_size=2, context_parallel_size=2,
+                                           fp8="hybrid", fp8_recipe="mxfp8"),
+                                     dp_size=2, explicit_keys={"align_packing_bins_to_dp"},
+                                     source="sft.yaml")
+    assert (packing.global_batch_size, packing.bin_capacity) == (64, 1024)
+    assert (packing.tp_size, packing.cp_size) == (2, 2)
+    assert (packing.fp8_enabled, packing.fp8_recipe) == (True, "mxfp8")
+
+
+@pytest.mark.parametrize(("key", "value", "flag"), [
+    ("global_batch_size", 32, "--global-batch-size"),
+    ("tp_size", 4, "--tensor-model-parallel-size"),
+    ("cp_size", 2, "--context-parallel-size"),
+])
+def test_a_yaml_value_that_contradicts_megatron_is_refused(key, value, flag):
+    with pytest.raises(ConfigError, match=f"packing.{key} is {value}.*{flag}"):
+        resolve_packing_config(PackingConfig(**{key: value}), _args(), dp_size=2,
+                               explicit_keys={key}, source="sft.yaml")
+
+
+def test_a_row_longer_than_the_model_sequence_is_refused():
+    with pytest.raises(ConfigError, match="bin_capacity 2048 exceeds --seq-length 1024"):
+        resolve_packing_config(PackingConfig(bin_capacity=2048), _args(), dp_size=2,
+                               explicit_keys={"bin_capacity"}, source="sft.yaml")
+    smaller = resolve_packing_config(PackingConfig(bin_capacity=512), _args(), dp_size=2,
+                                     explicit_keys={"bin_capacity"}, source="sft.yaml")
+    assert smaller.bin_capacity == 512
+
+
+def test_padded_mode_is_refused():
+    with pytest.raises(ConfigError, match="use_sequence_packing: false"):
+        resolve_packing_config(PackingConfig(use_sequence_packing=False), _args(), dp_size=2,
+                               explicit_keys={"use_sequence_packing"}, source="sft.yaml")
+
+
+@requires_megatron_lm
+@pytest.mark.slow
+def test_refusal_comes_before_any_model_is_built(sft_data, tmp_path):
+    yaml = write_sft_yaml(tmp_path / "sft.yaml", sft_data)
+    run = launch(1, ["--packing-config", str(yaml), "--global-batch-size", "16",
+                     "--train-iters", "2", "--rampup-batch-size", "8", "8", "64"],
+                 tmp_path / "log", timeout=120)
+    assert run.returncode != 0
+    assert "--rampup-batch-size: the packing loop already varies the batch" in run.output
+    assert "building GPT model" not in run.output
