@@ -6,7 +6,7 @@ records: ``compute_ms`` is Megatron's schedule plus the optimizer step, ``data_m
 the step's batch, and ``overhead_ms`` everything else the loop does per step (fetch, calculator
 sync, row padding, LR step, metrics), i.e. step time minus compute.
 
-    python benchmarks/bench_megatron_lm_step.py [--iters 40] [--out results.md]
+    python benchmarks/bench_megatron_lm_step.py [--iters 40] [--workers 0] [--out results.md]
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=40)
     parser.add_argument("--global-batch-size", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=0, help="--packing-num-workers")
     parser.add_argument("--out", default=None, help="also write the table to this file")
     args = parser.parse_args()
     if SKIP_REASON:
@@ -49,14 +50,15 @@ def main() -> None:
         yaml = write_sft_yaml(tmp / "sft.yaml", tmp)
         started = time.perf_counter()
         run = launch(2, ["--packing-config", str(yaml), "--global-batch-size",
-                         str(args.global_batch_size), "--train-iters", str(args.iters)],
+                         str(args.global_batch_size), "--train-iters", str(args.iters),
+                         "--packing-num-workers", str(args.workers)],
                      tmp / "log", timeout=1800)
         wall = time.perf_counter() - started
         if run.returncode != 0:
             raise SystemExit(run.output[-4000:])
         steps = run.steps(0)[1:]  # the first step includes one-off warm-up
     report.print(f"Megatron-LM entry point, 2 DP ranks (gloo, CPU), B={args.global_batch_size}, "
-                f"{args.iters} iterations, wall {wall:.1f} s including start-up; rank 0, "
+                f"{args.iters} iterations, {args.workers} loader workers, wall {wall:.1f} s including start-up; rank 0, "
                 f"steps 2..{args.iters}")
     report.print("")
     report.print("| per step | median ms | p99 ms |")

@@ -202,7 +202,7 @@ def train(args: Any, *, model: list[Any], optimizer: Any, scheduler: Any, stream
             "micro_batches": outcome.micro_batches, "seq_length": outcome.seq_length,
             "loss": outcome.loss, "lr": outcome.lr, "grad_norm": outcome.grad_norm,
             "consumed_train_samples": args.consumed_train_samples, "skipped": outcome.skipped,
-            "step_ms": step_ms, "data_ms": data_ms,
+            "step_ms": step_ms, "data_ms": data_ms, "compute_ms": outcome.compute_ms,
             "overhead_ms": step_ms - outcome.compute_ms,
         })
         if iteration % args.log_interval == 0:

@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lm_rows import pack_row, random_rows
+from megatron_lm_runs import requires_megatron_lm
 
 from megatron_packing.megatron.lm_batch import (
     LM_BATCH_KEYS,
@@ -132,12 +133,11 @@ def test_tp_broadcast_keeps_padded_boundaries(tp_run):
 
 
 @pytest.mark.slow
+@requires_megatron_lm
 def test_megatron_lm_tp_broadcast_drops_padded_boundaries(tp_run):
     """Megatron-LM's ``get_batch_on_this_tp_rank`` (core_v0.16.1) run on 2 gloo ranks."""
-    from tp_workers import MEGATRON_LM_DIR, MEGATRON_TP_FILE, NUM_ROWS, ROWS_SEED
+    from tp_workers import MEGATRON_TP_FILE, NUM_ROWS, ROWS_SEED
 
-    if not Path(tp_run, MEGATRON_TP_FILE.format(0)).exists():
-        pytest.skip(f"no Megatron-LM checkout at {MEGATRON_LM_DIR} (set MEGATRON_LM_PATH)")
     row = random_rows(NUM_ROWS, seed=ROWS_SEED)[0]
     assert not torch.equal(row.cu_seqlens, row.cu_seqlens_padded)
     for rank in (0, 1):

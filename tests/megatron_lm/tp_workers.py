@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import os
 import sys
 import time
@@ -76,40 +75,33 @@ def broadcast_rows(rank: int, out_dir: str) -> None:
 
 
 def megatron_lm_tp_function() -> Callable | None:
-    """Megatron-LM's own ``get_batch_on_this_tp_rank``, compiled from its source, or None.
+    """Megatron-LM's own ``get_batch_on_this_tp_rank`` with its ``get_args`` given, or None.
 
-    Importing ``megatron.training`` pulls in triton and CUDA-only set-up, so only this function
-    is taken from ``megatron/training/utils.py``; its globals are the real ``torch``,
-    megatron-core's ``parallel_state`` (Megatron's ``mpu``) and a stand-in ``get_args``.
+    Runs in a spawned worker: Megatron-LM's folder goes on ``sys.path`` and the CPU shims of
+    `cpu_shims` answer its CUDA calls.
     """
-    path = MEGATRON_LM_DIR / "megatron" / "training" / "utils.py"
-    if not path.is_file():
+    if not (MEGATRON_LM_DIR / "megatron" / "training" / "utils.py").is_file():
         return None
-    source = path.read_text()
-    tree = ast.parse(source)
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name == "get_batch_on_this_tp_rank":
-            from megatron.core import parallel_state
+    if str(MEGATRON_LM_DIR) not in sys.path:
+        sys.path.insert(0, str(MEGATRON_LM_DIR))
+    import cpu_shims
+    from megatron.training import utils
 
-            namespace = {"torch": torch, "mpu": parallel_state}
-            code = compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec")
-            exec(code, namespace)
-            return lambda args, it: _with_args(namespace, args, it)
-    return None
+    cpu_shims.apply()
 
+    def get_batch(args: SimpleNamespace, data_iterator):
+        utils.get_args = lambda: args
+        return utils.get_batch_on_this_tp_rank(data_iterator)
 
-def _with_args(namespace: dict, args: SimpleNamespace, data_iterator):
-    namespace["get_args"] = lambda: args
-    return namespace["get_batch_on_this_tp_rank"](data_iterator)
+    return get_batch
 
 
 def megatron_lm_broadcast(rank: int, out_dir: str) -> None:
-    """Megatron-LM's TP broadcast of one padded row, on CPU.
+    """Megatron-LM's TP broadcast of one padded row, on CPU (with the CPU shims).
 
-    CPU shims, this process only: ``Tensor.cuda`` keeps a tensor where it is and
-    ``torch.cuda.current_device`` answers ``"cpu"``. The source's dict carries no
-    ``max_seqlen``: the receivers in this version allocate no buffer for it (outside hybrid CP)
-    while the source broadcasts it, so the collectives would no longer pair up.
+    The source's dict carries no ``max_seqlen``: the receivers in this version allocate no
+    buffer for it (outside hybrid CP) while the source broadcasts it, so the collectives would
+    no longer pair up.
     """
     from megatron.core import parallel_state
 
@@ -123,13 +115,7 @@ def megatron_lm_broadcast(rank: int, out_dir: str) -> None:
                            micro_batch_size=1, seq_length=int(row.tokens.shape[1]),
                            create_attention_mask_in_dataloader=False, sft=True)
     source = parallel_state.get_tensor_model_parallel_rank() == 0
-    saved_cuda, saved_device = torch.Tensor.cuda, torch.cuda.current_device
-    torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
-    try:
-        got = get_batch_on_this_tp_rank(args, iter([data]) if source else None)
-    finally:
-        torch.Tensor.cuda, torch.cuda.current_device = saved_cuda, saved_device
+    got = get_batch_on_this_tp_rank(args, iter([data]) if source else None)
     torch.save(got, Path(out_dir, MEGATRON_TP_FILE.format(rank)))
 
 
