@@ -29,7 +29,8 @@ class SyntheticTokens:
 
     def __init__(self, lengths: np.ndarray) -> None:
         self.lengths = lengths.astype(np.int32)
-        self.loss_token_counts = (self.lengths - self.lengths // 2 - 1).clip(min=0).astype(np.int32)
+        # Targets at positions t >= 1 whose mask is set (the mask covers the second half).
+        self.loss_token_counts = (self.lengths - np.maximum(self.lengths // 2, 1)).astype(np.int32)
         self._ids = np.random.default_rng(0).integers(1, 32000, size=int(lengths.max()))
 
     def __len__(self) -> int:
