@@ -17,6 +17,7 @@ Megatron's pieces (schedules, DDP grad finalisation, optimizer, ``OptimizerParam
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -174,6 +175,9 @@ def train(args: Any, *, model: list[Any], optimizer: Any, scheduler: Any, stream
     from megatron.training import print_rank_last
 
     log = StepLog(args.packing_log_dir)
+    if args.manual_gc:  # as Megatron-LM's train(): no collection pauses inside a step
+        gc.disable()
+        gc.collect()
     iteration = args.iteration
     flops_so_far = getattr(args, "num_floating_point_operations_so_far", 0)
     for chunk in model:
@@ -219,6 +223,8 @@ def train(args: Any, *, model: list[Any], optimizer: Any, scheduler: Any, stream
             log_to_writers({"valid/loss": valid_loss}, iteration)
             log.write({"iteration": iteration, "valid_loss": valid_loss})
             print_rank_last(f" validation at iteration {iteration} | loss {valid_loss:.4f}")
+        if args.manual_gc and args.manual_gc_interval and iteration % args.manual_gc_interval == 0:
+            gc.collect()
         if args.save and args.save_interval and iteration % args.save_interval == 0:
             save(args, iteration, model, optimizer, scheduler, stream, flops_so_far)
     return iteration

@@ -169,7 +169,7 @@ class StepSizer:
         self.exact_lookahead_examples = int(exact_lookahead_examples)
         self.unlikely_packs = 3  # the fast path's budget when no size's bound is a multiple of dp
         self.capacity = packer.usable_capacity
-        self._memo: OrderedDict[bytes, tuple[list[list[int]], bool]] = OrderedDict()
+        self._memo: OrderedDict[bytes, tuple[tuple[tuple[int, ...], ...], bool]] = OrderedDict()
         self._memo_examples = 0
         self._runs = 0
 
@@ -223,7 +223,10 @@ class StepSizer:
         hit = self._memo.get(key)
         if hit is None:
             bound = int(estimate(np.array([start]), np.array([end]))[0])
-            hit = self._evaluate(segment, bound)
+            bins, flag = self._evaluate(segment, bound)
+            # Tuples of ints: the garbage collector untracks them, so a full collection does
+            # not walk the whole memo (lists made every such collection a 100+ ms stall).
+            hit = (tuple(tuple(b) for b in bins), flag)
             self._runs += 1
             self._memo[key] = hit
             self._memo_examples += len(segment)
