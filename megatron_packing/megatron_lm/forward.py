@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from megatron_packing.collate import PackedMicroBatch
+from megatron_packing.megatron.lm_batch import cp_partition_indices
 from megatron_packing.megatron.megatron_lm import megatron_lm_loss_func
 from megatron_packing.megatron.packed_seq import block_diagonal_causal_mask
 
@@ -53,17 +54,6 @@ def pad_row(mb: PackedMicroBatch, length: int, pad_token_id: int = 0) -> PackedM
     )
 
 
-def cp_share_positions(cu_seqlens_padded: torch.Tensor, cp_size: int, cp_rank: int) -> torch.Tensor:
-    """Positions of a THD row that CP rank ``cp_rank`` owns under the load-balanced split.
-
-    Each aligned sequence is cut into ``2 x cp`` equal chunks and rank r takes chunks r and
-    ``2cp - 1 - r``, which evens out causal attention work across CP ranks.
-    """
-    from megatron_packing.megatron.lm_batch import cp_partition_indices
-
-    return cp_partition_indices(cu_seqlens_padded, cp_size, cp_rank)
-
-
 def make_forward_step(*, cp_size: int = 1, cp_rank: int = 0, thd: bool | None = None
                       ) -> Callable[[Iterator[PackedMicroBatch], Any], tuple[torch.Tensor, Any]]:
     """The ``forward_step_func`` the schedules call once per micro-batch."""
@@ -86,7 +76,8 @@ def _forward_cpu(mb: PackedMicroBatch, model: Any, cp_size: int, cp_rank: int
     loss_mask = mb.loss_mask
     if cp_size > 1:
         share = torch.zeros_like(loss_mask)
-        share[0, cp_share_positions(mb.cu_seqlens_padded, cp_size, cp_rank)] = 1
+        # The positions the load-balanced THD split gives this CP rank (chunks r and 2cp-1-r).
+        share[0, cp_partition_indices(mb.cu_seqlens_padded, cp_size, cp_rank)] = 1
         loss_mask = loss_mask * share
     output = model(mb.tokens, mb.position_ids, mask, labels=mb.labels)
     return output, partial(megatron_lm_loss_func, loss_mask)
