@@ -104,11 +104,9 @@ class StepContext:
 # The whole window is packed when (sizes in the window) x (largest size) is at most this many
 # examples; above it, the search packs at most max_packs sizes (the fast path).
 FULL_SEARCH_EXAMPLES = 16_384
-# Planning ahead may use real packer counts (memoised) when (sizes in the window)^2 x (largest
-# size) is at most this many examples, and the O(1) bound otherwise. Off by default: on the
-# mixed pool at B=128 / 4K / dp 8 (300 steps) real counts changed no plan (same bins, aligned
-# share and token CV) and raised planning from 3.0 / 8.9 ms to 5.2 / 35.7 ms (median / p99).
-EXACT_LOOKAHEAD_EXAMPLES = 0
+# Planning ahead uses real packer counts (memoised) when (sizes in the window)^2 x (largest
+# size) is at most this many examples, and the O(1) bound otherwise.
+EXACT_LOOKAHEAD_EXAMPLES = 32_768
 # Packed segments remembered across steps, counted in examples held (a pure cache: plans never
 # depend on it). About three steps' segments of the exact lookahead at B=128.
 MEMO_EXAMPLES = 65_536
