@@ -31,7 +31,7 @@ on CPU.
 
 Attention also needs an explicit boolean mask on CPU (``attention_mask=None`` builds one on
 CUDA); `megatron_packing.megatron.packed_seq.block_diagonal_causal_mask` provides it.
-Workarounds 1 to 4 are not applied on a machine with CUDA; 5 touches float64 tensors only.
+None of these is applied on a machine with CUDA.
 """
 
 from __future__ import annotations
@@ -116,8 +116,15 @@ def cuda_factories_on_cpu() -> Iterator[None]:
 
 @contextlib.contextmanager
 def megatron_optimizer_compat() -> Iterator[None]:
-    """Workarounds 3 to 5: wrap building and stepping a megatron-core optimizer."""
+    """Workarounds 3 to 5: wrap building and stepping a megatron-core optimizer (CPU only).
+
+    On a machine with CUDA nothing is entered: a torch-function mode would put a Python call in
+    front of every operation of every optimizer step.
+    """
+    if not cpu_only():
+        yield
+        return
     with contextlib.ExitStack() as stack:
         stack.enter_context(cuda_factories_on_cpu())
-        stack.enter_context(_OptimizerTensorTypes(on_cpu=cpu_only()))
+        stack.enter_context(_OptimizerTensorTypes(on_cpu=True))
         yield
