@@ -21,8 +21,6 @@ from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
-import yaml
-
 from megatron_packing.collate import PackedBatch
 from megatron_packing.config import ConfigError, PackingConfig
 from megatron_packing.megatron.trainer_config import DataConfig
@@ -36,17 +34,9 @@ from megatron_packing.megatron_lm.data import TrainStream, restore_loader_state
 
 def read_packing_yaml(path: str) -> tuple[PackingConfig, set[str], DataConfig]:
     """The YAML's ``packing:`` section (with the keys it sets) and its ``data:`` section."""
-    from megatron_packing.config import dataclass_from_mapping
+    from megatron_packing.config import dataclass_from_mapping, read_yaml_mapping
 
-    try:
-        with open(path) as f:
-            document = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"--packing-config: file not found: {path}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
-    if not isinstance(document, dict):
-        raise ConfigError(f"{path}: expected a mapping with `packing:` and `data:` sections")
+    document = read_yaml_mapping(path)
     packing_section = document.get("packing") or {}
     packing = PackingConfig.from_dict(packing_section, source=path)
     data = dataclass_from_mapping(DataConfig, document.get("data") or {}, source=path,

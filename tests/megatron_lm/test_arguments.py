@@ -92,3 +92,30 @@ def test_refusal_comes_before_any_model_is_built(sft_data, tmp_path):
     assert run.returncode != 0
     assert "--rampup-batch-size: the packing loop already varies the batch" in run.output
     assert "building GPT model" not in run.output
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("packing:\n  seed: 1\n", "data.paths is empty"),
+    ("data:\n  paths: [train.jsonl]\n", "data.tokenizer is empty"),
+    ("data:\n  paths: [a.jsonl]\n  tokenizer: tok\n  valid_path: [b.jsonl]\n", "valid_path"),
+    ("- packing\n", "expected a mapping of keys at the top level"),
+])
+def test_the_training_yaml_is_checked(tmp_path, text, message):
+    from megatron_packing.megatron_lm.entry import read_packing_yaml
+
+    path = tmp_path / "sft.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        read_packing_yaml(str(path))
+
+
+def test_the_training_yaml_reports_the_packing_keys_it_sets(tmp_path):
+    from megatron_packing.megatron_lm.entry import read_packing_yaml
+
+    path = tmp_path / "sft.yaml"
+    path.write_text("packing:\n  seed: 7\n  bin_capacity: 512\n"
+                    "data:\n  paths: [a.jsonl]\n  tokenizer: tok\n  valid_paths: [b.jsonl]\n")
+    packing, explicit, data = read_packing_yaml(str(path))
+    assert (packing.seed, packing.bin_capacity) == (7, 512)
+    assert explicit == {"seed", "bin_capacity"}
+    assert data.valid_paths == ["b.jsonl"]
