@@ -14,8 +14,8 @@ megatron-core assumes CUDA in a few spots that a tiny CPU model still reaches:
    name but ``torch.cuda.{Float,Half,BFloat16}Tensor``; gradient clipping asserts
    ``grad.type() == "torch.cuda.FloatTensor"``. While the optimizer is built and stepped,
    ``.type()`` (no arguments) of a CPU floating tensor answers with the CUDA name.
-5. float64 (used for exact equivalence checks) is no type the distributed optimizer knows, on
-   any device: while the optimizer is built and stepped, a float64 tensor's ``.type()`` answers
+5. float64 (used for exact equivalence checks) is no type the distributed optimizer knows:
+   while the optimizer is built and stepped, a float64 tensor's ``.type()`` answers
    ``torch.cuda.FloatTensor`` (the full-precision branch, which shards the parameter as it is)
    and its ``.float()`` returns it unchanged (the branch casts gradients with ``.float()``), so a
    float64 run keeps float64 parameters, gradients and Adam state. No-op for other dtypes.
@@ -83,14 +83,10 @@ _CUDA_TYPE_NAMES = {
 
 
 class _OptimizerTensorTypes(TorchFunctionMode):
-    """``.type()`` answers CUDA names (CPU runs, and float64 anywhere); float64 ``.float()`` keeps.
+    """``.type()`` of a CPU tensor answers its CUDA name; float64 ``.float()`` keeps float64.
 
-    Workarounds 4 and 5; ``on_cpu`` selects whether CPU tensors of other dtypes are renamed.
+    Workarounds 4 and 5 (entered on CPU only, by `megatron_optimizer_compat`).
     """
-
-    def __init__(self, on_cpu: bool) -> None:
-        super().__init__()
-        self.on_cpu = on_cpu
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None):
         kwargs = kwargs or {}
@@ -98,8 +94,8 @@ class _OptimizerTensorTypes(TorchFunctionMode):
             tensor = args[0]
             if func is torch.Tensor.float and tensor.dtype == torch.float64:
                 return tensor
-            renamed = tensor.dtype == torch.float64 or (self.on_cpu and tensor.device.type == "cpu")
-            if func is torch.Tensor.type and renamed and tensor.dtype in _CUDA_TYPE_NAMES:
+            if func is torch.Tensor.type and tensor.device.type == "cpu" \
+                    and tensor.dtype in _CUDA_TYPE_NAMES:
                 return _CUDA_TYPE_NAMES[tensor.dtype]
         return func(*args, **kwargs)
 
@@ -126,5 +122,5 @@ def megatron_optimizer_compat() -> Iterator[None]:
         return
     with contextlib.ExitStack() as stack:
         stack.enter_context(cuda_factories_on_cpu())
-        stack.enter_context(_OptimizerTensorTypes(on_cpu=True))
+        stack.enter_context(_OptimizerTensorTypes())
         yield

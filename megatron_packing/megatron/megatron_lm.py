@@ -28,18 +28,22 @@ def sync_num_microbatches(meta: StepMetadata, *, dp_size: int, rank: int = 0) ->
     """Make megatron-core's calculator report this step's micro-batches per rank; return it.
 
     The step's rows (``num_bins``, a multiple of dp) become the calculator's global batch size
-    with a micro-batch size of 1 row, so ``get_num_microbatches() == num_bins / dp``.
+    with a micro-batch size of 1 row, so ``get_num_microbatches() == num_bins / dp``. The
+    calculator is rebuilt (and megatron-core logs it, on ``rank`` 0) only when the count changes.
     """
     from megatron.core.num_microbatches_calculator import (
+        get_current_global_batch_size,
+        get_micro_batch_size,
         get_num_microbatches,
         reconfigure_num_microbatches_calculator,
     )
 
     if meta.num_bins % dp_size != 0:
         raise ValueError(f"step {meta.step}: {meta.num_bins} bins do not divide by dp={dp_size}")
-    reconfigure_num_microbatches_calculator(rank=rank, rampup_batch_size=None,
-                                            global_batch_size=meta.num_bins, micro_batch_size=1,
-                                            data_parallel_size=dp_size)
+    if (get_current_global_batch_size(), get_micro_batch_size()) != (meta.num_bins, 1):
+        reconfigure_num_microbatches_calculator(rank=rank, rampup_batch_size=None,
+                                                global_batch_size=meta.num_bins,
+                                                micro_batch_size=1, data_parallel_size=dp_size)
     count = get_num_microbatches()
     if count != meta.micro_batches_per_rank:
         raise RuntimeError(f"calculator reports {count} micro-batches, the plan "

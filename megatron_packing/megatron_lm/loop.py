@@ -80,7 +80,7 @@ def run_step(batch: PackedBatch, *, model: list[Any], optimizer: Any, scheduler:
     )
 
     meta = batch.meta
-    count = sync_num_microbatches(meta, dp_size=dp_size)
+    count = sync_num_microbatches(meta, dp_size=dp_size, rank=torch.distributed.get_rank())
     if count != len(batch.micro_batches):
         raise RuntimeError(f"step {meta.step}: {len(batch.micro_batches)} rows on this rank, the "
                            f"plan says {count}")

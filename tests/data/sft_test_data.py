@@ -30,7 +30,8 @@ CORPUS = [
 ] * 20
 
 
-def make_tokenizer(template: str | None = TAG_TEMPLATE, vocab_size: int = 400):
+def make_tokenizer(template: str | None = TAG_TEMPLATE, vocab_size: int = 400,
+                   corpus: list[str] | None = None):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -43,7 +44,7 @@ def make_tokenizer(template: str | None = TAG_TEMPLATE, vocab_size: int = 400):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(CORPUS, trainer=trainer)
+    tok.train_from_iterator(CORPUS if corpus is None else corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|im_end|>", pad_token="<|pad|>"
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from data.sft_test_data import make_tokenizer as make_shared_tokenizer
 
 from megatron_packing.config import PackingConfig
 from megatron_packing.data import BadRecordError, CorruptStoreError, load_sft_dataset
@@ -49,20 +50,7 @@ TEXT = ["What is 12 + 30? The answer is 42.", "Call the add tool with a and b.",
 
 
 def make_tokenizer(template: str):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )
-    tok.train_from_iterator(TEXT, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|pad|>")
-    fast.chat_template = template
-    return fast
+    return make_shared_tokenizer(template, vocab_size=320, corpus=TEXT)
 
 
 @pytest.fixture(scope="module")
