@@ -23,7 +23,6 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from megatron_packing.collate import PackedMicroBatch  # noqa: E402
 from megatron_packing.megatron.launch import free_port  # noqa: E402
 from megatron_packing.megatron.lm_batch import (  # noqa: E402
     batch_for_cp_rank,
@@ -34,6 +33,7 @@ from megatron_packing.megatron.lm_batch import (  # noqa: E402
     to_megatron_lm_batch,
 )
 from megatron_packing.megatron.packed_seq import packed_seq_params  # noqa: E402
+from megatron_packing.packed.collate import PackedMicroBatch  # noqa: E402
 from megatron_packing.packing.factory import make_sft_sequence_packer  # noqa: E402
 from megatron_packing.simulation import find_pool_dir, load_pools, mixed_stream  # noqa: E402
 

@@ -15,11 +15,11 @@ import numpy as np
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from megatron_packing.base_order import make_base_order
-from megatron_packing.collate import PackedCollator
 from megatron_packing.config import PackingConfig
 from megatron_packing.fetch import PlannedDataset
 from megatron_packing.loader_state import for_worker_count, sampler_state
-from megatron_packing.sampler import DPAlignedPackingBatchSampler
+from megatron_packing.packed.collate import PackedCollator
+from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 
 # The key torchdata's loader state uses for "this epoch's iterator was exhausted".
 _ITERATOR_FINISHED = "_iterator_finished"
@@ -195,7 +195,7 @@ def build_sft_dataloader(
             pad_token_id=config.pad_token_id, pad_bins_to_capacity=config.pad_bins_to_capacity,
         )
     else:
-        from megatron_packing.padded_sampler import build_padded_components
+        from megatron_packing.padded.components import build_padded_components
 
         batch_sampler, fetch_dataset, collate_fn = build_padded_components(
             dataset, config, dp_rank=dp_rank, dp_size=dp_size,

@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import SequentialSampler
 
-from megatron_packing.config import allowed_batch_variation
+from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, imbalance
 from megatron_packing.packing.reference import ReferenceRun, best_contiguous_path, plan_exhaustively
-from megatron_packing.sampler import DPAlignedPackingBatchSampler
+from megatron_packing.validation import allowed_batch_variation
 
 DEFAULT_POOL_DIRS = ("benchmarks/data/lengths", "../shared/data/lengths")
 

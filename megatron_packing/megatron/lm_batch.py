@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from megatron_packing.collate import PackedMicroBatch
+from megatron_packing.packed.collate import PackedMicroBatch
 
 # What the TP broadcast returns, in this order: ``get_batch`` pops the THD keys and returns
 # ``(*batch.values(), params)`` as (tokens, labels, loss_mask, attention_mask, position_ids).

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from megatron_packing.collate import PackedMicroBatch
 from megatron_packing.megatron.packed_seq import (
     block_diagonal_causal_mask,
     packed_seq_params,
 )
 from megatron_packing.megatron.trainer_config import ModelConfig
+from megatron_packing.packed.collate import PackedMicroBatch
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 

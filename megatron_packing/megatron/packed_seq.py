@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from megatron_packing.collate import PackedMicroBatch
+from megatron_packing.packed.collate import PackedMicroBatch
 
 if TYPE_CHECKING:
     from megatron.core.packed_seq_params import PackedSeqParams

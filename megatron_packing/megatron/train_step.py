@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from megatron_packing.collate import PackedBatch
 from megatron_packing.megatron.cpu_workarounds import (
     cuda_factories_on_cpu,
     megatron_optimizer_compat,
@@ -34,6 +33,7 @@ from megatron_packing.megatron.cpu_workarounds import (
 from megatron_packing.megatron.ddp import is_megatron_ddp, wire_megatron_grad_sync
 from megatron_packing.megatron.loss import make_loss_func, reduce_reported_loss
 from megatron_packing.megatron.model import per_token_loss
+from megatron_packing.packed.collate import PackedBatch
 
 if TYPE_CHECKING:
     from megatron.core.optimizer import MegatronOptimizer

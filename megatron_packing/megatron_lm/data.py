@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from megatron_packing.collate import PackedBatch
 from megatron_packing.megatron.megatron_lm import ConsumedExamples
+from megatron_packing.packed.collate import PackedBatch
 
 LOADER_STATE_BASENAME = "train_dataloader_dprank{dp_rank:03d}.pt"
 

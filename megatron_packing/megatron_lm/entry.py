@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
-from megatron_packing.collate import PackedBatch
 from megatron_packing.config import ConfigError, PackingConfig
 from megatron_packing.megatron.trainer_config import DataConfig
 from megatron_packing.megatron_lm.arguments import (
@@ -30,6 +29,7 @@ from megatron_packing.megatron_lm.arguments import (
     resolve_packing_config,
 )
 from megatron_packing.megatron_lm.data import TrainStream, restore_loader_state
+from megatron_packing.packed.collate import PackedBatch
 
 
 def read_packing_yaml(path: str) -> tuple[PackingConfig, set[str], DataConfig]:

@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from megatron_packing.collate import PackedMicroBatch
 from megatron_packing.megatron.lm_batch import cp_partition_indices
 from megatron_packing.megatron.megatron_lm import megatron_lm_loss_func
 from megatron_packing.megatron.packed_seq import block_diagonal_causal_mask
+from megatron_packing.packed.collate import PackedMicroBatch
 
 
 def pad_row(mb: PackedMicroBatch, length: int, pad_token_id: int = 0) -> PackedMicroBatch:

@@ -27,12 +27,12 @@ from typing import Any
 
 import torch
 
-from megatron_packing.collate import PackedBatch
 from megatron_packing.megatron.cpu_workarounds import cuda_factories_on_cpu
 from megatron_packing.megatron.megatron_lm import sync_num_microbatches
 from megatron_packing.megatron_lm.data import TrainStream, checkpoint_hook
 from megatron_packing.megatron_lm.forward import pad_row
 from megatron_packing.metrics import step_metrics
+from megatron_packing.packed.collate import PackedBatch
 
 
 @dataclass

@@ -288,9 +288,9 @@ def test_control_tokens_in_content_keep_and_error(tok, tmp_path):
 def test_unknown_loss_token_count_is_none_and_refused():
     import torch
 
-    from megatron_packing.collate import step_metadata
     from megatron_packing.megatron.loss import make_loss_func, reduce_reported_loss
-    from megatron_packing.sampler import DPAlignedPackingBatchSampler
+    from megatron_packing.packed.collate import step_metadata
+    from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 
     sampler = DPAlignedPackingBatchSampler(list(range(12)), np.full(12, 10), 4, 1, bin_capacity=64,
                                            allowed_variation=0.25)

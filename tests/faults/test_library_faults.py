@@ -14,12 +14,12 @@ from loader.streams import DATASET, config, record
 from sampler.synthetic import SyntheticSFT, mixed_lengths
 from torch.utils.data import SequentialSampler
 
-from megatron_packing.collate import PackedCollator
 from megatron_packing.config import ConfigError, PackingConfig, load_config
 from megatron_packing.fetch import PlannedDataset
 from megatron_packing.loader import PackingDataLoader, build_packing_sampler, build_sft_dataloader
-from megatron_packing.padded_sampler import TokenBudgetBatchSampler
-from megatron_packing.sampler import DPAlignedPackingBatchSampler
+from megatron_packing.packed.collate import PackedCollator
+from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
+from megatron_packing.padded.sampler import TokenBudgetBatchSampler
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 SEED = 11

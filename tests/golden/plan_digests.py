@@ -72,7 +72,7 @@ def packed_digest(batch: int, capacity: int, dp: int, steps: int, options: dict[
 
 def padded_digest(batch: int, dp: int, steps: int, max_tokens: int | None,
                   micro_batch_size: int) -> str:
-    from megatron_packing.padded_sampler import TokenBudgetBatchSampler
+    from megatron_packing.padded.sampler import TokenBudgetBatchSampler
 
     lengths = pool_stream(batch * steps, 16384)
     rows = []

@@ -1,4 +1,4 @@
-"""Hand-made packed rows for tests, laid out exactly as `megatron_packing.collate` documents."""
+"""Hand-made packed rows for tests, laid out exactly as `megatron_packing.packed.collate` documents."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import random
 
 import torch
 
-from megatron_packing.collate import PackedBatch, PackedMicroBatch, StepMetadata
+from megatron_packing.packed.collate import PackedBatch, PackedMicroBatch
+from megatron_packing.plan_types import StepMetadata
 
 
 def pack_row(seqs: list[list[int]], *, seq_multiple: int = 1, pad_id: int = 0,

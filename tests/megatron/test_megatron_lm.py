@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from packing_helpers import placeholder_row, random_examples, rank_batches
 
-from megatron_packing.collate import PackedBatch
 from megatron_packing.megatron.megatron_lm import ConsumedExamples, sync_num_microbatches
+from megatron_packing.packed.collate import PackedBatch
 
 DP = 2
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-from megatron_packing.collate import StepMetadata
 from megatron_packing.metrics import (
     METRIC_NAMES,
     InMemoryLogger,
@@ -14,6 +13,7 @@ from megatron_packing.metrics import (
     step_metrics,
     truncate_jsonl,
 )
+from megatron_packing.plan_types import StepMetadata
 
 REQUIRED = ("train/actual_batch_size", "train/actual_num_tokens", "train/loss_tokens",
             "train/bins", "train/padding_bins", "train/token_fill", "train/dp_imbalance",

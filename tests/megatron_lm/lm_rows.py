@@ -1,4 +1,4 @@
-"""Hand-made packed rows for the batch-format tests (the layout `megatron_packing.collate` documents)."""
+"""Hand-made packed rows for the batch-format tests (the layout `megatron_packing.packed.collate` documents)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 import sys
 from pathlib import Path
 
-from megatron_packing.collate import PackedMicroBatch
+from megatron_packing.packed.collate import PackedMicroBatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "megatron"))
 from packing_helpers import pack_row  # noqa: E402

@@ -13,12 +13,9 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from megatron_packing.base_order import SeededRandomOrder, SequentialSampler
 from megatron_packing.fetch import PlannedDataset, PlannedExamples
-from megatron_packing.padded_collate import (
-    PaddedCollator,
-    build_padded_components,
-    make_dummy_microbatch,
-)
-from megatron_packing.padded_sampler import TokenBudgetBatchSampler
+from megatron_packing.padded.collate import PaddedCollator, make_dummy_microbatch
+from megatron_packing.padded.components import build_padded_components
+from megatron_packing.padded.sampler import TokenBudgetBatchSampler
 
 DATA = SyntheticSFTDataset(300, seed=1)
 

@@ -12,7 +12,7 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from megatron_packing.microbatch_sync import TokenBudgetController, align_microbatch_count
+from megatron_packing.padded.sync import TokenBudgetController, align_microbatch_count
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 90
@@ -78,7 +78,7 @@ def _budget_worker(rank: int, world: int, store: str, out: str, written_ns: int)
     import numpy as np
 
     from megatron_packing.base_order import SeededRandomOrder
-    from megatron_packing.padded_sampler import TokenBudgetBatchSampler
+    from megatron_packing.padded.sampler import TokenBudgetBatchSampler
 
     _init(rank, world, store)
     lengths = np.random.default_rng(0).integers(16, 2048, size=2000)

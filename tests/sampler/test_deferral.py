@@ -11,7 +11,7 @@ import pytest
 from torch.utils.data import SequentialSampler
 
 from megatron_packing.config import ConfigError, PackingConfig
-from megatron_packing.sampler import DPAlignedPackingBatchSampler
+from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 
 from .helpers import check_plan_shape
 from .test_planner_quality import plans_of, pool_stream

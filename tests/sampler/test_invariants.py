@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from torch.utils.data import SequentialSampler
 
 from megatron_packing.base_order import SeededRandomOrder
-from megatron_packing.sampler import DPAlignedPackingBatchSampler
+from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 
 from .helpers import check_stream, run_epochs
 

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from torch.utils.data import SequentialSampler
 
-from megatron_packing.config import allowed_batch_variation
+from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 from megatron_packing.packing.factory import make_seq_packer
 from megatron_packing.packing.reference import plan_exhaustively
 from megatron_packing.packing.step_sizing import StepContext, StepSizer
-from megatron_packing.sampler import DPAlignedPackingBatchSampler
 from megatron_packing.simulation import find_pool_dir, load_pools, mixed_stream
+from megatron_packing.validation import allowed_batch_variation
 
 from .helpers import check_stream
 

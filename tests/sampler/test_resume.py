@@ -12,7 +12,7 @@ from torch.utils.data import RandomSampler, SequentialSampler
 from torchdata.stateful_dataloader.sampler import RandomSampler as StatefulRandomSampler
 
 from megatron_packing.base_order import SeededRandomOrder
-from megatron_packing.sampler import DPAlignedPackingBatchSampler
+from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 
 from .synthetic import mixed_lengths
 

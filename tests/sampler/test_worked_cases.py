@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from torch.utils.data import SequentialSampler
 
-from megatron_packing.collate import PackedCollator
 from megatron_packing.fetch import PlannedDataset
-from megatron_packing.sampler import DPAlignedPackingBatchSampler
+from megatron_packing.packed.collate import PackedCollator
+from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 
 from .helpers import check_stream, run_epochs
 from .synthetic import SyntheticSFT
@@ -75,6 +75,6 @@ def test_run_final_step_repays_drift_in_a_later_epoch():
 
 
 def _planned(indices, plan, rank):
-    from megatron_packing.sampler import PlannedBatch
+    from megatron_packing.packed.sampler import PlannedBatch
 
     return PlannedBatch(indices, plan, rank)

@@ -16,13 +16,11 @@ import math
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from megatron_packing.base_order import EpochOrder
-from megatron_packing.config import allowed_batch_variation, check_batch_window
 from megatron_packing.packing.alignment import make_alignment
 from megatron_packing.packing.balance import (
     DEFAULT_ATTENTION_COST_CONSTANT,
@@ -32,58 +30,12 @@ from megatron_packing.packing.balance import (
 )
 from megatron_packing.packing.factory import make_seq_packer
 from megatron_packing.packing.step_sizing import StepContext, StepSizer
+from megatron_packing.plan_types import StepPlan
 from megatron_packing.state_checks import check_fingerprint, check_state_keys
+from megatron_packing.validation import check_batch_window
 
 STATE_FORMAT_VERSION = 1
 STATE_KEYS = ("version", "fingerprint", "order", "carry", "step", "step_in_epoch", "drift")
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """Everything every rank needs to know about one step; identical on all ranks."""
-
-    step: int  # global step index, 0-based
-    epoch: int
-    step_in_epoch: int
-    dp_size: int
-    bin_capacity: int
-    example_indices: tuple[int, ...]  # the global batch, in base order
-    bins: tuple[tuple[int, ...], ...]  # dataset indices per bin; () is a placeholder row
-    rank_bins: tuple[tuple[int, ...], ...]  # per rank, the ids of its bins
-    truncated: dict[int, int]  # dataset index -> tokens kept (oversize policy "truncate")
-    num_tokens: int  # real tokens in the global batch
-    num_loss_tokens: int | None  # tokens trained on (None when loss counts are unknown)
-    packed_bins: int  # bins the packer made before padding to a multiple of dp
-    padding_bins: int
-    placeholder_bins: int
-    aligned: bool
-    hopeless: bool
-    token_fill: float
-    dp_imbalance: float
-    plan_ms: float
-    drift: int  # emitted - steps x B within the epoch, after this step
-    is_eval: bool = False
-    packs: int = 0  # sizes the search evaluated
-    packer_runs: int = 0  # packer runs really made (lookahead included, memo hits excluded)
-    deferred: tuple[int, ...] = ()  # examples of this step's window left to lead the next step
-
-    @property
-    def num_examples(self) -> int:
-        return len(self.example_indices)
-
-    @property
-    def num_bins(self) -> int:
-        return len(self.bins)
-
-    @property
-    def micro_batches_per_rank(self) -> int:
-        return len(self.bins) // self.dp_size
-
-    def bins_of_rank(self, rank: int) -> list[tuple[int, ...]]:
-        return [self.bins[b] for b in self.rank_bins[rank]]
-
-    def examples_of_rank(self, rank: int) -> list[int]:
-        return [index for b in self.rank_bins[rank] for index in self.bins[b]]
 
 
 class PlannedBatch(list):
@@ -452,6 +404,4 @@ def _as_lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
 __all__ = [
     "DPAlignedPackingBatchSampler",
     "PlannedBatch",
-    "StepPlan",
-    "allowed_batch_variation",
 ]

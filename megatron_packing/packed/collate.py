@@ -7,11 +7,13 @@ micro-batch count receives placeholder rows: valid, minimal-length rows with zer
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+
+from megatron_packing.plan_types import StepMetadata
 
 
 @dataclass
@@ -42,27 +44,6 @@ class PackedMicroBatch:
     def num_tokens(self) -> int:
         """Real (unpadded) tokens in the row."""
         return int(self.cu_seqlens[-1].item()) if not self.is_placeholder else 0
-
-
-@dataclass
-class StepMetadata:
-    """Global facts about one step, identical on every rank (they come from the shared plan)."""
-
-    step: int
-    epoch: int
-    num_examples: int  # real examples in the global batch (train/actual_batch_size)
-    num_tokens: int  # real tokens in the global batch
-    num_loss_tokens: int | None  # tokens trained on, global: the loss divisor (None: unknown)
-    num_bins: int  # micro-batches over all ranks (a multiple of dp)
-    num_padding_bins: int  # bins added beyond the packer's count to reach a multiple of dp
-    num_placeholder_bins: int  # bins with no example at all (zero-loss placeholder rows)
-    micro_batches_per_rank: int
-    token_fill: float  # real tokens / (bins x capacity)
-    dp_imbalance: float  # max-rank cost / mean-rank cost
-    plan_ms: float  # time spent planning this step
-    aligned: bool  # bin count reached a multiple of dp without padding bins
-    is_eval: bool = False
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

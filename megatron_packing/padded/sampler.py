@@ -30,59 +30,8 @@ from megatron_packing.packing.microbatch import (
     make_token_balanced_microbatches,
     sort_by_length,
 )
+from megatron_packing.plan_types import PaddedStepPlan
 from megatron_packing.state_checks import check_fingerprint, check_state_keys
-
-
-class PaddedStepPlan(list):
-    """This rank's example indices for one step (input order), with the step's plan attached.
-
-    ``schedule_positions[m]`` lists positions into this list for micro-batch ``m``;
-    ``schedule[m]`` lists the same examples as dataset indices. Dummy micro-batches are ``None``.
-    """
-
-    step: int
-    epoch: int
-    dp_rank: int | None
-    dp_size: int
-    max_tokens: int | None
-    micro_batch_size: int
-    schedule_positions: list[list[int] | None]
-    schedule: list[list[int] | None]
-    microbatches_per_rank: int
-    rank_num_examples: list[int]
-    rank_padded_tokens: list[int]
-    rank_real_microbatches: list[int]
-    global_num_examples: int
-    global_num_tokens: int
-    global_num_loss_tokens: int | None
-    plan_ms: float
-    is_eval: bool
-
-    @property
-    def plan(self) -> PaddedStepPlan:
-        """The step's plan: this list itself (what the fetching dataset looks for)."""
-        return self
-
-    @property
-    def global_padded_tokens(self) -> int:
-        return int(sum(self.rank_padded_tokens))
-
-    @property
-    def pad_efficiency(self) -> float:
-        """Real tokens / padded tokens over the whole step (1.0 = no padding)."""
-        padded = self.global_padded_tokens
-        return self.global_num_tokens / padded if padded else 1.0
-
-    @property
-    def num_dummy_microbatches(self) -> int:
-        return sum(self.microbatches_per_rank - real for real in self.rank_real_microbatches)
-
-    @property
-    def dp_imbalance(self) -> float:
-        """Slowest rank's padded tokens / mean rank's padded tokens."""
-        mean = self.global_padded_tokens / max(self.dp_size, 1)
-        return max(self.rank_padded_tokens) / mean if mean else 1.0
-
 
 SAMPLER_SPLIT_METHOD: SplitMethod = "balanced"
 """The sampler's splitter: the balanced split won or tied every workload of the benchmark."""
@@ -332,20 +281,10 @@ class TokenBudgetBatchSampler:
         self._budget_changes = {int(s): int(b) for s, b in state["budget_changes"]}
 
 
-def build_padded_components(
-    dataset: Any, config: Any, *, dp_rank: int, dp_size: int, seed: int, **options: Any
-) -> tuple[TokenBudgetBatchSampler, Any, Any]:
-    """(batch_sampler, dataset_wrapper, collate_fn) for padded mode; see `padded_collate`."""
-    from megatron_packing.padded_collate import build_padded_components as build
-
-    return build(dataset, config, dp_rank=dp_rank, dp_size=dp_size, seed=seed, **options)
-
-
 __all__ = [
     "SAMPLER_SPLIT_METHOD",
     "PaddedStepPlan",
     "TokenBudgetBatchSampler",
-    "build_padded_components",
     "rank_slices",
     "split_rank_share",
 ]

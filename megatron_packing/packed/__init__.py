@@ -1,0 +1,1 @@
+"""Packed mode: the DP-aligned step sampler and the THD collator."""

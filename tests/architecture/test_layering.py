@@ -1,0 +1,115 @@
+"""Every import in the package points down the layers, and no modules import each other in a circle.
+
+The layers are the folder tree read bottom-up (docs/DESIGN.md, "Layout"). A unit may import its
+own modules and those of lower layers only; the two modes, ``packed`` and ``padded``, share a
+layer and so never import each other. Imports inside functions count as well.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import megatron_packing
+
+PACKAGE = Path(megatron_packing.__file__).parent
+
+LAYERS: list[set[str]] = [
+    {"validation", "plan_types", "packing"},  # pure: numbers and types
+    {"state_checks", "base_order", "fetch", "data", "config"},
+    {"packed", "padded"},  # the two modes
+    {"loader_state", "metrics"},
+    {"loader", "simulation"},
+    {"megatron"},
+    {"megatron_lm", "cli"},
+]
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = defaultdict(set)
+    for path in PACKAGE.rglob("*.py"):
+        module = _module_name(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            graph[module].update(n for n in names if n.startswith("megatron_packing."))
+    return graph
+
+
+def unit_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layer_of(unit: str) -> int:
+    for level, units in enumerate(LAYERS):
+        if unit in units:
+            return level
+    raise AssertionError(f"unit {unit!r} is in no layer: add it to LAYERS and to docs/DESIGN.md")
+
+
+def downward_violations(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for module, imported in graph.items():
+        source = unit_of(module)
+        if not source:  # the package's lazy re-exports
+            continue
+        for target_module in imported:
+            target = unit_of(target_module)
+            if target != source and layer_of(target) >= layer_of(source):
+                bad.append(f"{module} imports {target_module}")
+    return sorted(bad)
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_every_unit_is_in_a_layer():
+    units = {unit_of(m) for m in import_graph()} - {""}
+    for unit in units:
+        layer_of(unit)
+
+
+def test_imports_point_down():
+    assert downward_violations(import_graph()) == []
+
+
+def test_no_import_circle():
+    assert find_cycle(import_graph()) is None
+
+
+def test_the_checks_see_an_upward_import_and_a_circle():
+    graph = {"megatron_packing.packed.sampler": {"megatron_packing.loader"},
+             "megatron_packing.padded.collate": {"megatron_packing.padded.sampler"},
+             "megatron_packing.padded.sampler": {"megatron_packing.padded.collate"}}
+    assert downward_violations(graph) == ["megatron_packing.packed.sampler imports megatron_packing.loader"]
+    assert find_cycle(graph) is not None
+    assert downward_violations({"megatron_packing.packed.x": {"megatron_packing.padded.y"}})
