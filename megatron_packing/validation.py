@@ -7,6 +7,10 @@ the project. Errors name the setting, the value and what would be valid.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
 
 
 class ConfigError(ValueError):
@@ -37,3 +41,80 @@ def check_batch_window(global_batch_size: int, variation: float, dp_size: int | 
             f"example per step; raise global_batch_size to at least {dp_size + v}"
         )
     return v
+
+
+def require_int(name: str, value: Any, *, minimum: int | None = None,
+                maximum: int | None = None, allow_none: bool = False,
+                error: type[ValueError] = ConfigError) -> int | None:
+    """``value`` as an ``int`` (numpy integers accepted, bools refused), within the bounds.
+
+    Returns None only when ``allow_none`` and the value is None. The error names the setting,
+    the value and the valid range.
+    """
+    if value is None and allow_none:
+        return None
+    bounds = _describe_bounds(minimum, maximum)
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        optional = " or None" if allow_none else ""
+        raise error(f"{name} must be an integer{bounds}{optional}, got {value!r}")
+    number = int(value)
+    if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
+        raise error(f"{name} must be an integer{bounds}, got {number}")
+    return number
+
+
+def require_positive_int(name: str, value: Any, *, allow_none: bool = False,
+                         error: type[ValueError] = ConfigError) -> int | None:
+    """``require_int`` with minimum 1: sizes, counts, capacities."""
+    return require_int(name, value, minimum=1, allow_none=allow_none, error=error)
+
+
+def require_number(name: str, value: Any, *, minimum: float | None = None,
+                   maximum: float | None = None, exclusive: bool = False,
+                   error: type[ValueError] = ConfigError) -> float:
+    """``value`` as a finite ``float`` within the bounds (open bounds with ``exclusive``)."""
+    interval = ""
+    if minimum is not None or maximum is not None:
+        low = "(" if exclusive else "["
+        high = ")" if exclusive else "]"
+        shown_low = "-inf" if minimum is None else f"{minimum:g}"
+        shown_high = "inf" if maximum is None else f"{maximum:g}"
+        interval = f" in {low}{shown_low}, {shown_high}{high}"
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise error(f"{name} must be a number{interval}, got {value!r}")
+    number = float(value)
+    outside = (
+        not math.isfinite(number)
+        or (minimum is not None and (number <= minimum if exclusive else number < minimum))
+        or (maximum is not None and (number >= maximum if exclusive else number > maximum))
+    )
+    if outside:
+        raise error(f"{name} must be a number{interval}, got {value!r}")
+    return number
+
+
+def require_bool(name: str, value: Any, *, error: type[ValueError] = ConfigError) -> bool:
+    """``value`` if it is a real bool: YAML's ``yes``/``"true"`` strings and 0/1 are refused."""
+    if not isinstance(value, bool | np.bool_):
+        raise error(f"{name} must be true or false, got {value!r}")
+    return bool(value)
+
+
+def require_choice(name: str, value: Any, choices: Iterable[str], *,
+                   error: type[ValueError] = ConfigError) -> str:
+    """``value`` if it is one of ``choices`` (an enum member counts by its value)."""
+    options = tuple(choices)
+    plain = getattr(value, "value", value)
+    if plain not in options:
+        raise error(f"{name} must be one of {', '.join(options)}; got {value!r}")
+    return str(plain)
+
+
+def _describe_bounds(minimum: int | None, maximum: int | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f" in [{minimum}, {maximum}]"
+    if minimum is not None:
+        return f" >= {minimum}"
+    if maximum is not None:
+        return f" <= {maximum}"
+    return ""

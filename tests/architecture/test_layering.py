@@ -16,7 +16,8 @@ import megatron_packing
 PACKAGE = Path(megatron_packing.__file__).parent
 
 LAYERS: list[set[str]] = [
-    {"validation", "plan_types", "packing"},  # pure: numbers and types
+    {"validation", "plan_types"},  # leaves: value checks, shared types
+    {"packing"},  # pure algorithms: numpy only
     {"state_checks", "base_order", "fetch", "data", "config"},
     {"packed", "padded"},  # the two modes
     {"loader_state", "metrics"},
