@@ -14,7 +14,8 @@ whose prompt alone fills the capacity would train nothing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,21 +25,30 @@ class FetchedExampleError(ValueError):
     """A fetched example that disagrees with its plan (or would train nothing)."""
 
 
-class PlannedExamples(list):
-    """Fetched examples (in the order of the planned indices) plus the step's plan."""
+@dataclass(frozen=True)
+class PlannedExamples(Sequence[Any]):
+    """Fetched examples (in the order of the planned indices) plus the step's plan.
 
-    def __init__(self, examples: Sequence[Any], indices: Sequence[int], plan: Any,
-                 dp_rank: int | None) -> None:
-        super().__init__(examples)
-        self.indices = list(indices)
-        self.plan = plan
-        self.dp_rank = dp_rank
+    A read-only sequence of the examples; what the collator receives from a worker or the main
+    process.
+    """
 
-    def __reduce__(self):
-        return (PlannedExamples, (list(self), self.indices, self.plan, self.dp_rank))
+    examples: tuple[Any, ...]
+    indices: tuple[int, ...]
+    plan: Any
+    dp_rank: int | None
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, position):  # type: ignore[override]
+        return self.examples[position]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.examples)
 
     def by_index(self) -> dict[int, Any]:
-        return dict(zip(self.indices, self, strict=True))
+        return dict(zip(self.indices, self.examples, strict=True))
 
 
 class PlannedDataset:
@@ -70,7 +80,8 @@ class PlannedDataset:
             check_fetched(self.dataset, indices, examples, getattr(plan, "truncated", None) or {})
         if plan is None:
             return examples
-        return PlannedExamples(examples, indices, plan, getattr(indices, "dp_rank", None))
+        return PlannedExamples(tuple(examples), tuple(int(i) for i in indices), plan,
+                               getattr(indices, "dp_rank", None))
 
 
 def _origin(dataset: Any, index: int) -> str:

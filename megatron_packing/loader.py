@@ -17,23 +17,18 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from megatron_packing.base_order import make_base_order
 from megatron_packing.config import PackingConfig
 from megatron_packing.fetch import PlannedDataset
-from megatron_packing.loader_state import for_worker_count, sampler_state
+from megatron_packing.loader_state import sampler_state, saved_worker_count, stream_position
 from megatron_packing.packed.collate import PackedCollator
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 
-# The key torchdata's loader state uses for "this epoch's iterator was exhausted".
-_ITERATOR_FINISHED = "_iterator_finished"
-
 
 class PackingDataLoader(StatefulDataLoader):
-    """A `StatefulDataLoader` whose resume from an epoch's end starts the next epoch exactly.
+    """A `StatefulDataLoader` that refuses a wrong state and loads one saved with other workers.
 
-    Our batch samplers keep their cursor in the sampler itself, and iterating one whose epoch is
-    complete starts the next epoch. A state saved after an epoch's iterator was exhausted is
-    marked finished; torchdata then restores it into an iterator (whose worker prefetch already
-    reads the next epoch's first steps from the shared sampler), discards that iterator and
-    makes another, losing those steps. Loading such a state as not finished lets the restored
-    iterator run on into the next epoch, as an uninterrupted loader's next ``iter()`` does.
+    Everything that decides the stream lives in the batch sampler's state (its iterators own
+    their cursor; see `step_stream`); the dataset is map-style and keeps no state. So a state
+    saved with the same ``num_workers`` goes through torchdata's own restore, and one saved with
+    another ``num_workers`` is reduced to the sampler's position and loaded there.
     """
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -50,10 +45,13 @@ class PackingDataLoader(StatefulDataLoader):
         check = getattr(self.batch_sampler, "check_state", None)
         if callable(check):  # refuse a wrong state now, not at the first iteration
             check(sampler_state(state_dict))
-        state_dict = for_worker_count(state_dict, self.num_workers, self.batch_sampler)
-        if state_dict.get(_ITERATOR_FINISHED):
-            state_dict = {**state_dict, _ITERATOR_FINISHED: False}
-        super().load_state_dict(state_dict)
+        if saved_worker_count(state_dict) == self.num_workers:
+            super().load_state_dict(state_dict)
+            return
+        position = stream_position(state_dict, self.batch_sampler)
+        self.batch_sampler.load_state_dict(position.sampler_state)
+        super().load_state_dict({})  # no loader-level state: the next iter() starts fresh
+        self.next_iter_state = None  # from the sampler's position
 
 
 def check_not_empty(dataset: Any) -> None:

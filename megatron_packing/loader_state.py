@@ -1,11 +1,12 @@
-"""A `StatefulDataLoader` state, re-expressed for another number of loader workers.
+"""Reading a `StatefulDataLoader` state whatever number of loader workers saved it.
 
 torchdata stores two layouts: a flat one with ``num_workers=0`` and a snapshot one (main-process
 snapshot plus per-worker snapshots) with workers, and refuses to load one into the other. For our
 loaders everything that decides the stream lives in the batch sampler's state: the dataset is
 map-style and not stateful, so the worker snapshots hold nothing worth keeping. Both layouts
-reduce to (batch-sampler state after N yielded steps, N, epoch finished?), from which either
-layout is rebuilt. The key names are torchdata's own (imported, not spelled out here).
+reduce to the batch sampler's position after the yielded steps, which a loader with any worker
+count can start from. The key names are torchdata's own (imported, not spelled out here); this
+module only reads them.
 """
 
 from __future__ import annotations
@@ -15,12 +16,9 @@ from typing import Any
 
 from torchdata.stateful_dataloader.stateful_dataloader import (
     _DATASET_STATE,
-    _FETCHER_STATE,
     _INDEX_SAMPLER_STATE,
     _ITERABLEDATASET_LEN_CALLED,
     _ITERATOR_FINISHED,
-    _SAMPLER_ITER_STATE,
-    _SAMPLER_ITER_YIELDED,
     _SHARED_SEED,
     _StatefulMultiProcessingDataLoaderIter,
     _StatefulSingleProcessDataLoaderIter,
@@ -96,41 +94,3 @@ def stream_position(state: dict[str, Any], batch_sampler: Any) -> StreamPosition
     return StreamPosition(sampler_state, yielded, finished, main.get(_SHARED_SEED),
                           main.get(_ITERABLEDATASET_LEN_CALLED),
                           base_seed if isinstance(base_seed, int) else 0)
-
-
-def layout_for(position: StreamPosition, num_workers: int) -> dict[str, Any]:
-    """A loader state in the layout of a loader with ``num_workers`` workers."""
-    main = {
-        _INDEX_SAMPLER_STATE: position.sampler_state,
-        _SAMPLER_ITER_STATE: None,  # our samplers' iterators are plain generators
-        _SAMPLER_ITER_YIELDED: position.yielded,
-        _ITERABLEDATASET_LEN_CALLED: position.len_called,
-        _SHARED_SEED: position.shared_seed,
-    }
-    if num_workers == 0:
-        return {
-            **main,
-            _SINGLE_NUM_YIELDED: position.yielded,
-            _FETCHER_STATE: None,
-            _DATASET_STATE: None,
-            _ITERATOR_FINISHED: position.finished,
-        }
-    main[_MULTI._NUM_WORKERS] = num_workers
-    main[_MULTI._BASE_SEED] = position.worker_base_seed
-    return {
-        _MULTI._SNAPSHOT: {
-            _MULTI._SNAPSHOT_STEP: position.yielded,
-            _MULTI._LAST_YIELDED_WORKER_ID: num_workers - 1,  # the next step goes to worker 0
-            _MULTI._MAIN_SNAPSHOT: main,
-            _MULTI._WORKER_SNAPSHOTS: {},  # fresh workers: a map-style dataset keeps no state
-        },
-        _MULTI._STEPS_SINCE_SNAPSHOT: 0,
-        _ITERATOR_FINISHED: position.finished,
-    }
-
-
-def for_worker_count(state: dict[str, Any], num_workers: int, batch_sampler: Any) -> dict[str, Any]:
-    """``state`` unchanged when saved with ``num_workers`` workers, else re-expressed for it."""
-    if saved_worker_count(state) == num_workers:
-        return state
-    return layout_for(stream_position(state, batch_sampler), num_workers)

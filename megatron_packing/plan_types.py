@@ -5,6 +5,7 @@ A leaf module: it imports nothing from the project, so every layer may share the
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 
@@ -77,13 +78,16 @@ class StepMetadata:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-class PaddedStepPlan(list):
-    """This rank's example indices for one step (input order), with the step's plan attached.
+@dataclass(frozen=True)
+class PaddedStepPlan(Sequence[int]):
+    """This rank's example indices for one step (input order), with the step's plan.
 
-    ``schedule_positions[m]`` lists positions into this list for micro-batch ``m``;
+    A read-only sequence of dataset indices (what the DataLoader hands to ``__getitems__``) that
+    is its own plan. ``schedule_positions[m]`` lists positions into it for micro-batch ``m``;
     ``schedule[m]`` lists the same examples as dataset indices. Dummy micro-batches are ``None``.
     """
 
+    indices: tuple[int, ...]
     step: int
     epoch: int
     dp_rank: int | None
@@ -101,6 +105,15 @@ class PaddedStepPlan(list):
     global_num_loss_tokens: int | None
     plan_ms: float
     is_eval: bool
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, position):  # type: ignore[override]
+        return self.indices[position]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
 
     @property
     def plan(self) -> PaddedStepPlan:

@@ -16,6 +16,7 @@ import math
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,25 +33,52 @@ from megatron_packing.packing.factory import make_seq_packer
 from megatron_packing.packing.step_sizing import StepContext, StepSizer
 from megatron_packing.plan_types import StepPlan
 from megatron_packing.state_checks import check_fingerprint, check_state_keys
+from megatron_packing.step_stream import OrderPosition, StepStream
 from megatron_packing.validation import check_batch_window
 
 STATE_FORMAT_VERSION = 1
 STATE_KEYS = ("version", "fingerprint", "order", "carry", "step", "step_in_epoch", "drift")
 
 
-class PlannedBatch(list):
-    """A step's example indices (one rank's, or the global batch) with the step's plan attached."""
+@dataclass(frozen=True)
+class PlannedBatch(Sequence[int]):
+    """One step's example indices (a rank's, or the whole global batch) with the step's plan.
 
-    def __init__(self, indices: Iterable[int], plan: StepPlan, dp_rank: int | None) -> None:
-        super().__init__(indices)
-        self.plan = plan
-        self.dp_rank = dp_rank
+    Behaves as a read-only sequence of dataset indices, which is what a DataLoader hands to the
+    dataset's ``__getitems__``; the plan travels with it, also to loader worker processes.
+    """
 
-    def __reduce__(self):  # keep the attributes across worker processes
-        return (PlannedBatch, (list(self), self.plan, self.dp_rank))
+    indices: tuple[int, ...]
+    plan: StepPlan
+    dp_rank: int | None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "indices", tuple(int(i) for i in self.indices))
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, position):  # type: ignore[override]
+        return self.indices[position]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
 
 
-class DPAlignedPackingBatchSampler:
+@dataclass
+class PackedCursor:
+    """Where one iterator stands in the packed stream (what `state_dict` saves)."""
+
+    order: OrderPosition
+    carry: list[int] = field(default_factory=list)  # read from the order, not yet emitted
+    deferred: int = 0  # the carry's first examples, left by the last step: they lead the next
+    step: int = 0  # steps emitted since the start of the run
+    step_in_epoch: int = 0
+    drift: int = 0  # emitted - steps x B within the epoch
+    warned_hopeless: bool = False
+
+
+class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
     """A stateful batch sampler that plans packed, DP-aligned steps (see the module docstring).
 
     Args:
@@ -109,7 +137,9 @@ class DPAlignedPackingBatchSampler:
             raise ValueError(f"dp_rank must be in [0, {dp_size}), got {dp_rank!r}")
         if total_steps is not None and (not isinstance(total_steps, int) or total_steps < 1):
             raise ValueError(f"total_steps must be a positive integer or None, got {total_steps!r}")
-        self.order = EpochOrder(sampler, seed=seed)
+        self.base_sampler = sampler
+        self.seed = seed
+        self.order = EpochOrder(sampler, seed=seed)  # the order's length and fingerprint
         self.lengths = _as_lengths(lengths)
         if len(self.order) > len(self.lengths):
             raise ValueError(
@@ -167,13 +197,7 @@ class DPAlignedPackingBatchSampler:
         self._fingerprint = self._make_fingerprint(algorithm, oversize_policy, tp_size, cp_size,
                                                    fp8_enabled, fp8_recipe, max_packs)
         self._fingerprint.update(self.order.fingerprint())
-        # stream state
-        self._carry: list[int] = []
-        self._deferred = 0  # the carry's first examples, left by the last step: they lead the next
-        self._step = 0
-        self._step_in_epoch = 0
-        self._drift = 0
-        self._warned_hopeless = False
+        self._init_stream()
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -186,80 +210,87 @@ class DPAlignedPackingBatchSampler:
 
     @property
     def epoch(self) -> int:
-        return self.order.epoch
+        return self._position().order.epoch
 
     @property
     def step(self) -> int:
         """Steps emitted since the start of the run."""
-        return self._step
+        return self._position().step
 
     def __len__(self) -> int:
         return self.steps_per_epoch
 
     # ------------------------------------------------------------------ epochs
-    def _epoch_complete(self) -> bool:
-        return self._step_in_epoch >= self.steps_per_epoch
+    def _epoch_complete(self, cursor: PackedCursor) -> bool:
+        return cursor.step_in_epoch >= self.steps_per_epoch
 
-    def _start_epoch(self, epoch: int) -> None:
-        self.order.start_epoch(epoch)
-        self._carry = []
-        self._deferred = 0
-        self._step_in_epoch = 0
-        self._drift = 0
+    def _start_epoch(self, cursor: PackedCursor, epoch: int) -> None:
+        cursor.order.start_epoch(epoch)
+        cursor.carry = []
+        cursor.deferred = 0
+        cursor.step_in_epoch = 0
+        cursor.drift = 0
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch, as with DistributedSampler. Only allowed between epochs."""
         epoch = int(epoch)
-        if epoch == self.epoch:
+        cursor = self._position()
+        if epoch == cursor.order.epoch:
             return
-        if self._step_in_epoch not in (0, self.steps_per_epoch):
+        if cursor.step_in_epoch not in (0, self.steps_per_epoch):
             raise ValueError(
-                f"set_epoch({epoch}) in the middle of epoch {self.epoch} (step "
-                f"{self._step_in_epoch} of {self.steps_per_epoch}); call it between epochs"
+                f"set_epoch({epoch}) in the middle of epoch {cursor.order.epoch} (step "
+                f"{cursor.step_in_epoch} of {self.steps_per_epoch}); call it between epochs"
             )
-        self._start_epoch(epoch)
+        self._start_epoch(cursor, epoch)
+        self._position_changed()
 
     # ------------------------------------------------------------------ iteration
-    def __iter__(self) -> Iterator[PlannedBatch]:
-        if self._epoch_complete():
-            self._start_epoch(self.epoch + 1)
-        while not self._epoch_complete():
-            if self.total_steps is not None and self._step >= self.total_steps and not self.eval_mode:
-                return
-            plan = self._plan_step()
-            if self.dp_rank is None:
-                yield PlannedBatch(plan.example_indices, plan, None)
-            else:
-                yield PlannedBatch(plan.examples_of_rank(self.dp_rank), plan, self.dp_rank)
+    def _new_cursor(self) -> PackedCursor:
+        return PackedCursor(OrderPosition(EpochOrder(self.base_sampler, seed=self.seed)))
 
-    def _context(self) -> StepContext:
+    def _begin(self, cursor: PackedCursor) -> None:
+        if self._epoch_complete(cursor):
+            self._start_epoch(cursor, cursor.order.epoch + 1)
+
+    def _next_step(self, cursor: PackedCursor) -> PlannedBatch | None:
+        if self._epoch_complete(cursor):
+            return None
+        if self.total_steps is not None and cursor.step >= self.total_steps and not self.eval_mode:
+            return None
+        plan = self._plan_step(cursor)
+        if self.dp_rank is None:
+            return PlannedBatch(plan.example_indices, plan, None)
+        return PlannedBatch(tuple(plan.examples_of_rank(self.dp_rank)), plan, self.dp_rank)
+
+    def _context(self, cursor: PackedCursor) -> StepContext:
         steps_left_in_run = None
         if self.total_steps is not None and not self.eval_mode:
-            steps_left_in_run = self.total_steps - self._step
+            steps_left_in_run = self.total_steps - cursor.step
         return StepContext(
             batch_size=self.batch_size,
             variation=self.variation,
-            drift=self._drift,
-            remaining=self.order.remaining + len(self._carry),
-            steps_left_in_epoch=self.steps_per_epoch - self._step_in_epoch,
+            drift=cursor.drift,
+            remaining=cursor.order.remaining + len(cursor.carry),
+            steps_left_in_epoch=self.steps_per_epoch - cursor.step_in_epoch,
             steps_left_in_run=steps_left_in_run,
         )
 
-    def _plan_step(self) -> StepPlan:
+    def _plan_step(self, cursor: PackedCursor) -> StepPlan:
         started = time.perf_counter()
-        context = self._context()
+        context = self._context(cursor)
         need = min(context.remaining,
                    context.lookahead_need(self.lookahead_steps) + self.max_deferred_examples)
-        if len(self._carry) < need:
-            self._carry.extend(self.order.take(need - len(self._carry)))
-        ahead = np.asarray(self._carry[:need], dtype=np.int64)
+        if len(cursor.carry) < need:
+            cursor.carry.extend(cursor.order.take(need - len(cursor.carry)))
+        ahead = np.asarray(cursor.carry[:need], dtype=np.int64)
         if ahead.size and (ahead.min() < 0 or ahead.max() >= len(self.lengths)):
             bad = int(ahead[(ahead < 0) | (ahead >= len(self.lengths))][0])
             raise IndexError(f"the base sampler yielded index {bad}, outside [0, {len(self.lengths)})")
         decision = self.sizer.decide(self.effective_lengths[ahead], self.aligned_lengths[ahead], context,
-                                     forced=self._deferred)
-        if decision.hopeless and not self._warned_hopeless:
-            self._warned_hopeless = True
+                                     forced=cursor.deferred)
+        if decision.hopeless and not cursor.warned_hopeless:
+            cursor.warned_hopeless = True
             warnings.warn(
                 f"a step of about {self.batch_size} examples packs into fewer bins than the "
                 f"data-parallel size {self.dp_size} at capacity {self.bin_capacity}: alignment "
@@ -288,13 +319,13 @@ class DPAlignedPackingBatchSampler:
         num_tokens = int(step_lengths.sum())
         num_loss = None if self.loss_token_counts is None else int(self.loss_token_counts[taken].sum())
 
-        self._carry = [window_list[p] for p in decision.deferred] + self._carry[span:]
-        self._deferred = len(decision.deferred)
-        self._drift += size - self.batch_size
+        cursor.carry = [window_list[p] for p in decision.deferred] + cursor.carry[span:]
+        cursor.deferred = len(decision.deferred)
+        cursor.drift += size - self.batch_size
         plan = StepPlan(
-            step=self._step,
-            epoch=self.epoch,
-            step_in_epoch=self._step_in_epoch,
+            step=cursor.step,
+            epoch=cursor.order.epoch,
+            step_in_epoch=cursor.step_in_epoch,
             dp_size=self.dp_size,
             bin_capacity=self.bin_capacity,
             example_indices=tuple(taken_list),
@@ -311,16 +342,16 @@ class DPAlignedPackingBatchSampler:
             token_fill=num_tokens / (len(bins) * self.bin_capacity) if bins else 0.0,
             dp_imbalance=float(imbalance(costs, assignment)),
             plan_ms=0.0,
-            drift=self._drift,
+            drift=cursor.drift,
             is_eval=self.eval_mode,
             packs=decision.packs,
             packer_runs=decision.packer_runs,
             deferred=tuple(window_list[p] for p in decision.deferred),
         )
-        self._step += 1
-        self._step_in_epoch += 1
-        if self._epoch_complete():
-            self._drift = 0
+        cursor.step += 1
+        cursor.step_in_epoch += 1
+        if self._epoch_complete(cursor):
+            cursor.drift = 0
         object.__setattr__(plan, "plan_ms", (time.perf_counter() - started) * 1e3)
         return plan
 
@@ -348,19 +379,29 @@ class DPAlignedPackingBatchSampler:
             "max_deferred_examples": self.max_deferred_examples,
         }
 
-    def state_dict(self) -> dict[str, Any]:
-        """A fresh copy of the stream position: safe to hold while iteration continues."""
+    def _cursor_state(self, cursor: PackedCursor) -> dict[str, Any]:
         return {
             "version": STATE_FORMAT_VERSION,
             "fingerprint": dict(self._fingerprint),
-            "order": self.order.state_dict(),
-            "carry": list(self._carry),
-            "deferred": self._deferred,
-            "step": self._step,
-            "step_in_epoch": self._step_in_epoch,
-            "drift": self._drift,
-            "warned_hopeless": self._warned_hopeless,
+            "order": cursor.order.state_dict(),
+            "carry": list(cursor.carry),
+            "deferred": cursor.deferred,
+            "step": cursor.step,
+            "step_in_epoch": cursor.step_in_epoch,
+            "drift": cursor.drift,
+            "warned_hopeless": cursor.warned_hopeless,
         }
+
+    def _cursor_from_state(self, state: dict[str, Any]) -> PackedCursor:
+        return PackedCursor(
+            order=OrderPosition(EpochOrder(self.base_sampler, seed=self.seed), state["order"]),
+            carry=[int(i) for i in state["carry"]],
+            deferred=int(state.get("deferred", 0)),
+            step=int(state["step"]),
+            step_in_epoch=int(state["step_in_epoch"]),
+            drift=int(state["drift"]),
+            warned_hopeless=bool(state.get("warned_hopeless", False)),
+        )
 
     def check_state(self, state: Any) -> None:
         """Raise unless ``state`` is a complete state of this sampler's setup (loads nothing)."""
@@ -372,21 +413,6 @@ class DPAlignedPackingBatchSampler:
                 f"{STATE_FORMAT_VERSION}"
             )
         check_fingerprint(state["fingerprint"], self._fingerprint)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume exactly where ``state`` (from `state_dict`) was taken.
-
-        A state from a setup that orders or plans examples differently (another seed, dataset,
-        batch size, dp size, capacity, ...) is refused, naming each differing setting.
-        """
-        self.check_state(state)
-        self.order.load_state_dict(state["order"])
-        self._carry = [int(i) for i in state["carry"]]
-        self._deferred = int(state.get("deferred", 0))
-        self._step = int(state["step"])
-        self._step_in_epoch = int(state["step_in_epoch"])
-        self._drift = int(state["drift"])
-        self._warned_hopeless = bool(state.get("warned_hopeless", False))
 
 
 def _as_lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:

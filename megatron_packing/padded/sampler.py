@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ from megatron_packing.packing.microbatch import (
 )
 from megatron_packing.plan_types import PaddedStepPlan
 from megatron_packing.state_checks import check_fingerprint, check_state_keys
+from megatron_packing.step_stream import OrderPosition, StepStream
 
 SAMPLER_SPLIT_METHOD: SplitMethod = "balanced"
 """The sampler's splitter: the balanced split won or tied every workload of the benchmark."""
@@ -67,7 +69,17 @@ def _positive_int(name: str, value: Any, *, allow_none: bool = False) -> int | N
     return int(value)
 
 
-class TokenBudgetBatchSampler:
+@dataclass
+class PaddedCursor:
+    """Where one iterator stands in the padded stream, with the budget schedule it follows."""
+
+    order: OrderPosition
+    step: int = 0  # steps planned since the start of the run
+    max_tokens: int | None = None  # the budget of the last planned step
+    budget_changes: dict[int, int] = field(default_factory=dict)  # from step -> budget
+
+
+class TokenBudgetBatchSampler(StepStream[PaddedCursor, PaddedStepPlan]):
     """Stateful batch sampler for padded micro-batches under a token budget (see module doc).
 
     ``sampler`` gives the epoch's example order (any sized sampler; see `EpochOrder`).
@@ -113,7 +125,9 @@ class TokenBudgetBatchSampler:
         # evaluation reads its epoch whole, as in packed mode; total_steps bounds training runs
         self.total_steps = None if self.eval_mode else _positive_int(
             "total_steps", total_steps, allow_none=True)
-        self._order = EpochOrder(sampler, seed=seed)
+        self.base_sampler = sampler
+        self.seed = seed
+        self._order = EpochOrder(sampler, seed=seed)  # the order's length and fingerprint
         if len(self._order) == 0:
             raise ValueError(
                 "the dataset has 0 examples (the base sampler covers none): there is nothing to "
@@ -134,8 +148,7 @@ class TokenBudgetBatchSampler:
                     f"loss_token_counts holds {counts.size} entries but lengths holds {self.lengths.size}"
                 )
             self.loss_token_counts = counts
-        self._step = 0
-        self._budget_changes: dict[int, int] = {}
+        self._init_stream()
 
     # ------------------------------------------------------------------ sizes and epochs
     def __len__(self) -> int:
@@ -144,58 +157,70 @@ class TokenBudgetBatchSampler:
 
     @property
     def epoch(self) -> int:
-        return self._order.epoch
+        return self._position().order.epoch
 
     @property
     def next_step(self) -> int:
         """The index of the next step this sampler will plan (steps count across epochs)."""
-        return self._step
+        return self._position().step
 
     @property
     def max_tokens(self) -> int | None:
         """The budget in force for the next planned step (None: fixed micro_batch_size)."""
-        return self._budget_for(self._step)
+        cursor = self._position()
+        return self._budget_for(cursor, cursor.step)
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning; the current epoch keeps its cursor (for resume)."""
-        if int(epoch) != self._order.epoch:
-            self._order.start_epoch(int(epoch))
+        cursor = self._position()
+        if int(epoch) != cursor.order.epoch:
+            cursor.order.start_epoch(int(epoch))
+            self._position_changed()
 
     def set_max_tokens(self, max_tokens: int, from_step: int | None = None) -> None:
         """Change the token budget from ``from_step`` (default: the next planned step) on."""
         budget = _positive_int("max_tokens", max_tokens)
-        start = self._step if from_step is None else int(from_step)
-        if start < self._step:
+        cursor = self._position()
+        start = cursor.step if from_step is None else int(from_step)
+        if start < cursor.step:
             raise ValueError(
-                f"cannot change the budget from step {start}: steps up to {self._step - 1} "
+                f"cannot change the budget from step {start}: steps up to {cursor.step - 1} "
                 "are already planned"
             )
-        self._budget_changes = {s: b for s, b in self._budget_changes.items() if s < start}
-        self._budget_changes[start] = budget  # type: ignore[assignment]
+        cursor.budget_changes = {s: b for s, b in cursor.budget_changes.items() if s < start}
+        cursor.budget_changes[start] = budget  # type: ignore[assignment]
+        self._position_changed()
 
-    def _budget_for(self, step: int) -> int | None:
-        budget = self._max_tokens
-        for start in sorted(self._budget_changes):
+    def _budget_for(self, cursor: PaddedCursor, step: int) -> int | None:
+        budget = cursor.max_tokens
+        for start in sorted(cursor.budget_changes):
             if start <= step:
-                budget = self._budget_changes[start]
+                budget = cursor.budget_changes[start]
         return budget
 
     # ------------------------------------------------------------------ planning
-    def __iter__(self) -> Iterator[PaddedStepPlan]:
-        if self._order.consumed > 0 and self._order.remaining == 0:
-            self._order.start_epoch(self._order.epoch + 1)
-        while self._order.remaining > 0:
-            if self.total_steps is not None and self._step >= self.total_steps:
-                return  # the run's horizon: steps count across epochs
-            yield self._plan_next()
+    def _new_cursor(self) -> PaddedCursor:
+        return PaddedCursor(OrderPosition(EpochOrder(self.base_sampler, seed=self.seed)),
+                            max_tokens=self._max_tokens)
 
-    def _plan_next(self) -> PaddedStepPlan:
+    def _begin(self, cursor: PaddedCursor) -> None:
+        if cursor.order.consumed > 0 and cursor.order.remaining == 0:
+            cursor.order.start_epoch(cursor.order.epoch + 1)
+
+    def _next_step(self, cursor: PaddedCursor) -> PaddedStepPlan | None:
+        if cursor.order.remaining <= 0:
+            return None
+        if self.total_steps is not None and cursor.step >= self.total_steps:
+            return None  # the run's horizon: steps count across epochs
+        return self._plan_next(cursor)
+
+    def _plan_next(self, cursor: PaddedCursor) -> PaddedStepPlan:
         started = time.perf_counter()
-        budget = self._budget_for(self._step)
-        self._max_tokens = budget
-        self._budget_changes = {s: b for s, b in self._budget_changes.items() if s > self._step}
-        epoch = self._order.epoch
-        global_batch = self._order.take(self.global_batch_size)
+        budget = self._budget_for(cursor, cursor.step)
+        cursor.max_tokens = budget
+        cursor.budget_changes = {s: b for s, b in cursor.budget_changes.items() if s > cursor.step}
+        epoch = cursor.order.epoch
+        global_batch = cursor.order.take(self.global_batch_size)
         lengths = self.lengths[np.asarray(global_batch, dtype=np.int64)]
         slices = rank_slices(len(global_batch), self.dp_size)
         schedules = [
@@ -213,34 +238,36 @@ class TokenBudgetBatchSampler:
         positions: list[list[int] | None] = [list(group) for group in schedules[rank]]
         positions += [None] * (count - len(positions))
         offset = 0 if self.dp_rank is not None else start
-        plan = PaddedStepPlan(mine)
-        plan.step = self._step
-        plan.epoch = epoch
-        plan.dp_rank = self.dp_rank
-        plan.dp_size = self.dp_size
-        plan.max_tokens = budget
-        plan.micro_batch_size = self.micro_batch_size
-        plan.schedule_positions = [
+        schedule_positions = [
             None if group is None else [offset + p for p in group] for group in positions
         ]
-        plan.schedule = [
-            None if group is None else [int(mine[p]) for p in group] for group in plan.schedule_positions
-        ]
-        plan.microbatches_per_rank = count
-        plan.rank_num_examples = [b - a for a, b in slices]
-        plan.rank_padded_tokens = padded
-        plan.rank_real_microbatches = [len(schedule) for schedule in schedules]
-        plan.global_num_examples = len(global_batch)
-        plan.global_num_tokens = int(lengths.sum())
-        plan.global_num_loss_tokens = (
-            int(self.loss_token_counts[np.asarray(global_batch, dtype=np.int64)].sum())
-            if self.loss_token_counts is not None
-            else None
+        step = cursor.step
+        cursor.step += 1
+        return PaddedStepPlan(
+            indices=tuple(int(i) for i in mine),
+            step=step,
+            epoch=epoch,
+            dp_rank=self.dp_rank,
+            dp_size=self.dp_size,
+            max_tokens=budget,
+            micro_batch_size=self.micro_batch_size,
+            schedule_positions=schedule_positions,
+            schedule=[None if group is None else [int(mine[p]) for p in group]
+                      for group in schedule_positions],
+            microbatches_per_rank=count,
+            rank_num_examples=[b - a for a, b in slices],
+            rank_padded_tokens=padded,
+            rank_real_microbatches=[len(schedule) for schedule in schedules],
+            global_num_examples=len(global_batch),
+            global_num_tokens=int(lengths.sum()),
+            global_num_loss_tokens=(
+                int(self.loss_token_counts[np.asarray(global_batch, dtype=np.int64)].sum())
+                if self.loss_token_counts is not None
+                else None
+            ),
+            plan_ms=(time.perf_counter() - started) * 1000.0,
+            is_eval=self.eval_mode,
         )
-        self._step += 1
-        plan.is_eval = self.eval_mode
-        plan.plan_ms = (time.perf_counter() - started) * 1000.0
-        return plan
 
     # ------------------------------------------------------------------ state
     def _fingerprint(self) -> dict[str, Any]:
@@ -255,30 +282,29 @@ class TokenBudgetBatchSampler:
             **self._order_fingerprint,
         }
 
-    def state_dict(self) -> dict[str, Any]:
-        """A fresh copy of the cursor, epoch, step and budget (safe to keep while iterating)."""
+    def _cursor_state(self, cursor: PaddedCursor) -> dict[str, Any]:
         return {
-            "order": self._order.state_dict(),
-            "epoch": self._order.epoch,
-            "step": self._step,
-            "max_tokens": self._max_tokens,
-            "budget_changes": sorted(self._budget_changes.items()),
+            "order": cursor.order.state_dict(),
+            "epoch": cursor.order.epoch,
+            "step": cursor.step,
+            "max_tokens": cursor.max_tokens,
+            "budget_changes": sorted(cursor.budget_changes.items()),
             "fingerprint": self._fingerprint(),
         }
+
+    def _cursor_from_state(self, state: dict[str, Any]) -> PaddedCursor:
+        return PaddedCursor(
+            order=OrderPosition(EpochOrder(self.base_sampler, seed=self.seed), state["order"]),
+            step=int(state["step"]),
+            max_tokens=state["max_tokens"],
+            budget_changes={int(s): int(b) for s, b in state["budget_changes"]},
+        )
 
     def check_state(self, state: Any) -> None:
         """Raise unless ``state`` is a complete state of this sampler's setup (loads nothing)."""
         check_state_keys(state, ("order", "step", "max_tokens", "budget_changes", "fingerprint"),
                          "TokenBudgetBatchSampler")
         check_fingerprint(state["fingerprint"], self._fingerprint())
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume exactly where ``state`` was taken; a state from another setup is an error."""
-        self.check_state(state)
-        self._order.load_state_dict(state["order"])
-        self._step = int(state["step"])
-        self._max_tokens = state["max_tokens"]
-        self._budget_changes = {int(s): int(b) for s, b in state["budget_changes"]}
 
 
 __all__ = [

@@ -19,6 +19,7 @@ LAYERS: list[set[str]] = [
     {"validation", "plan_types"},  # leaves: value checks, shared types
     {"packing"},  # pure algorithms: numpy only
     {"state_checks", "base_order", "fetch", "data", "config"},
+    {"step_stream"},  # iterators that own their cursor
     {"packed", "padded"},  # the two modes
     {"loader_state", "metrics"},
     {"loader", "simulation"},
