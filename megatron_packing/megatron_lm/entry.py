@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
-from megatron_packing.config import ConfigError, PackingConfig
+from megatron_packing.config import ConfigError
 from megatron_packing.megatron.trainer_config import DataConfig
 from megatron_packing.megatron_lm.arguments import (
     add_packing_arguments,
