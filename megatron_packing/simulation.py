@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -249,7 +249,7 @@ def format_comparison(runs: Sequence[SimulationResult], title: str,
     return "\n".join(lines)
 
 
-def _integer(name: str, minimum: int = 1):
+def _integer(name: str, minimum: int = 1) -> Callable[[str], int]:
     """An argparse type: an integer of at least ``minimum``, the error naming the option."""
     def parse(text: str) -> int:
         try:
