@@ -15,13 +15,12 @@ def _train(args: argparse.Namespace) -> int:
     from megatron_packing.megatron.launch import RunInterrupted, is_main_process
     from megatron_packing.megatron.run_lock import OutputDirInUse
     from megatron_packing.megatron.trainer_config import load_training_config
+    from megatron_packing.validation import require_positive_int
 
     try:
         cfg = load_training_config(args.config)
         if args.steps is not None:
-            if args.steps < 1:
-                raise ConfigError(f"--steps must be an integer >= 1, got {args.steps}")
-            cfg.train.steps = args.steps
+            cfg.train.steps = require_positive_int("--steps", args.steps)
         out = args.output_dir or cfg.train.output_dir
         summary = train(cfg, output_dir=out, resume=args.resume, use_wandb=not args.no_wandb)
     except RunInterrupted as exc:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from torch.utils.data import SequentialSampler
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, imbalance
 from megatron_packing.packing.reference import ReferenceRun, best_contiguous_path, plan_exhaustively
-from megatron_packing.validation import allowed_batch_variation
+from megatron_packing.validation import allowed_batch_variation, require_int, require_number
 
 DEFAULT_POOL_DIRS = ("benchmarks/data/lengths", "../shared/data/lengths")
 
@@ -249,15 +249,14 @@ def format_comparison(runs: Sequence[SimulationResult], title: str,
     return "\n".join(lines)
 
 
-def _positive_int(name: str):
+def _integer(name: str, minimum: int = 1) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``minimum``, the error naming the option."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {value}")
-        return value
+        return require_int(name, value, minimum=minimum, error=argparse.ArgumentTypeError)
     return parse
 
 
@@ -266,21 +265,11 @@ def _variation(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"--variation must be a number in (0, 1), got {text!r}") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"--variation must be in (0, 1) (a fraction of the batch "
-                                         f"size), got {value}")
-    return value
+    return require_number("--variation", value, minimum=0, maximum=1, exclusive=True,
+                          error=argparse.ArgumentTypeError)
 
 
 MIN_CAPACITY = 16  # tokens per bin below which a simulation is not meaningful
-
-
-def _capacity(text: str) -> int:
-    value = _positive_int("--capacity")(text)
-    if value < MIN_CAPACITY:
-        raise argparse.ArgumentTypeError(f"--capacity must be at least {MIN_CAPACITY} tokens per "
-                                         f"bin, got {value}")
-    return value
 
 
 def run_simulation(argv: Sequence[str] | None = None) -> int:
@@ -289,15 +278,15 @@ def run_simulation(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pool", default="mixed",
                         help="pool name (file stem) or 'mixed' (sources drawn uniformly)")
     parser.add_argument("--pool-dir", default=None, help="folder of *.txt length pools")
-    parser.add_argument("--batch-size", type=_positive_int("--batch-size"), default=128)
-    parser.add_argument("--capacity", type=_capacity, default=4096,
+    parser.add_argument("--batch-size", type=_integer("--batch-size"), default=128)
+    parser.add_argument("--capacity", type=_integer("--capacity", MIN_CAPACITY), default=4096,
                         help=f"tokens per bin (>= {MIN_CAPACITY}); lengths are clipped to it")
-    parser.add_argument("--dp-size", type=_positive_int("--dp-size"), default=8)
+    parser.add_argument("--dp-size", type=_integer("--dp-size"), default=8)
     parser.add_argument("--variation", type=_variation, default=0.05,
                         help="batch-size window as a fraction of B, in (0, 1)")
-    parser.add_argument("--steps", type=_positive_int("--steps"), default=200)
+    parser.add_argument("--steps", type=_integer("--steps"), default=200)
     parser.add_argument("--algorithm", default="mffd", choices=("mffd", "ffd", "bfd"))
-    parser.add_argument("--max-deferred", type=int, default=0,
+    parser.add_argument("--max-deferred", type=_integer("--max-deferred", 0), default=0,
                         help="also run with bounded deferral of up to this many examples per step")
     parser.add_argument("--no-exhaustive", action="store_true",
                         help="skip the exhaustive reference planner (it packs every size every step)")
@@ -306,8 +295,6 @@ def run_simulation(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
-    if args.max_deferred < 0:
-        parser.error(f"--max-deferred must be >= 0, got {args.max_deferred}")
     if allowed_batch_variation(args.batch_size, args.variation) < 1:
         parser.error(f"--variation {args.variation} gives a window of floor({args.batch_size} x "
                      f"{args.variation}) = 0 examples; use at least {1 / args.batch_size:.4g}")

@@ -45,7 +45,7 @@ def check_batch_window(global_batch_size: int, variation: float, dp_size: int | 
 
 def require_int(name: str, value: Any, *, minimum: int | None = None,
                 maximum: int | None = None, allow_none: bool = False,
-                error: type[ValueError] = ConfigError) -> int | None:
+                error: type[Exception] = ConfigError) -> int | None:
     """``value`` as an ``int`` (numpy integers accepted, bools refused), within the bounds.
 
     Returns None only when ``allow_none`` and the value is None. The error names the setting,
@@ -64,22 +64,27 @@ def require_int(name: str, value: Any, *, minimum: int | None = None,
 
 
 def require_positive_int(name: str, value: Any, *, allow_none: bool = False,
-                         error: type[ValueError] = ConfigError) -> int | None:
+                         error: type[Exception] = ConfigError) -> int | None:
     """``require_int`` with minimum 1: sizes, counts, capacities."""
     return require_int(name, value, minimum=1, allow_none=allow_none, error=error)
 
 
 def require_number(name: str, value: Any, *, minimum: float | None = None,
                    maximum: float | None = None, exclusive: bool = False,
-                   error: type[ValueError] = ConfigError) -> float:
-    """``value`` as a finite ``float`` within the bounds (open bounds with ``exclusive``)."""
-    interval = ""
-    if minimum is not None or maximum is not None:
-        low = "(" if exclusive else "["
-        high = ")" if exclusive else "]"
-        shown_low = "-inf" if minimum is None else f"{minimum:g}"
-        shown_high = "inf" if maximum is None else f"{maximum:g}"
-        interval = f" in {low}{shown_low}, {shown_high}{high}"
+                   error: type[Exception] = ConfigError) -> float:
+    """``value`` as a finite ``float`` within the bounds (open bounds with ``exclusive``).
+
+    A one-sided bound reads as a comparison (``lr must be a number > 0``), two as an interval.
+    """
+    if minimum is not None and maximum is not None:
+        low, high = ("(", ")") if exclusive else ("[", "]")
+        interval = f" in {low}{minimum:g}, {maximum:g}{high}"
+    elif minimum is not None:
+        interval = f" {'>' if exclusive else '>='} {minimum:g}"
+    elif maximum is not None:
+        interval = f" {'<' if exclusive else '<='} {maximum:g}"
+    else:
+        interval = ""
     if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
         raise error(f"{name} must be a number{interval}, got {value!r}")
     number = float(value)
@@ -93,7 +98,7 @@ def require_number(name: str, value: Any, *, minimum: float | None = None,
     return number
 
 
-def require_bool(name: str, value: Any, *, error: type[ValueError] = ConfigError) -> bool:
+def require_bool(name: str, value: Any, *, error: type[Exception] = ConfigError) -> bool:
     """``value`` if it is a real bool: YAML's ``yes``/``"true"`` strings and 0/1 are refused."""
     if not isinstance(value, bool | np.bool_):
         raise error(f"{name} must be true or false, got {value!r}")
@@ -101,7 +106,7 @@ def require_bool(name: str, value: Any, *, error: type[ValueError] = ConfigError
 
 
 def require_choice(name: str, value: Any, choices: Iterable[str], *,
-                   error: type[ValueError] = ConfigError) -> str:
+                   error: type[Exception] = ConfigError) -> str:
     """``value`` if it is one of ``choices`` (an enum member counts by its value)."""
     options = tuple(choices)
     plain = getattr(value, "value", value)

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from megatron_packing.config import ConfigError, PackingConfig, dataclass_from_mapping
+from megatron_packing.validation import require_bool, require_choice, require_int, require_number
 
 WANDB_MODES = ("offline", "online", "disabled")
 DTYPES = ("float32", "float64")
@@ -88,7 +89,8 @@ class TrainingConfig:
         return str(p if p.is_absolute() else Path(self.base_dir) / p)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every section as plain values; the packing section by its flat YAML keys."""
+        return {**dataclasses.asdict(self), "packing": self.packing.to_dict()}
 
 
 _SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "logging": LoggingConfig}
@@ -100,36 +102,31 @@ _REMOVED_KEYS = {
 
 
 class _Checker:
-    """Collects the first bad value of a section with its full key name and what is valid."""
+    """Checks a section's values with the shared checks, naming the file and the full key."""
 
     def __init__(self, source: str, section: str, values: Any) -> None:
         self.source, self.section, self.values = source, section, values
 
+    def _name(self, key: str) -> str:
+        return f"{self.source}: {self.section}.{key}"
+
     def fail(self, key: str, expected: str) -> None:
         value = getattr(self.values, key)
-        raise ConfigError(f"{self.source}: {self.section}.{key} must be {expected}, got {value!r}")
+        raise ConfigError(f"{self._name(key)} must be {expected}, got {value!r}")
 
     def integer(self, key: str, minimum: int, *, optional: bool = False) -> None:
-        value = getattr(self.values, key)
-        if optional and value is None:
-            return
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            self.fail(key, f"an integer >= {minimum}" + (" or null" if optional else ""))
+        require_int(self._name(key), getattr(self.values, key), minimum=minimum,
+                    allow_none=optional)
 
     def number(self, key: str, *, minimum: float, strict: bool) -> None:
-        value = getattr(self.values, key)
-        ok = (not isinstance(value, bool) and isinstance(value, int | float)
-              and (value > minimum if strict else value >= minimum))
-        if not ok:
-            self.fail(key, f"a number {'>' if strict else '>='} {minimum}")
+        require_number(self._name(key), getattr(self.values, key), minimum=minimum,
+                       exclusive=strict)
 
     def choice(self, key: str, choices: tuple[str, ...]) -> None:
-        if getattr(self.values, key) not in choices:
-            self.fail(key, f"one of {', '.join(choices)}")
+        require_choice(self._name(key), getattr(self.values, key), choices)
 
     def boolean(self, key: str) -> None:
-        if not isinstance(getattr(self.values, key), bool):
-            self.fail(key, "true or false")
+        require_bool(self._name(key), getattr(self.values, key))
 
     def text(self, key: str, *, optional: bool = False) -> None:
         value = getattr(self.values, key)

@@ -11,7 +11,7 @@ is built, with the argument named and what to use instead.
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+from collections.abc import Mapping
 from typing import Any
 
 from megatron_packing.config import ConfigError, PackingConfig
@@ -73,13 +73,16 @@ def check_megatron_arguments(args: Any) -> None:
             "Megatron-LM arguments the packing loop cannot honour:\n  - " + "\n  - ".join(problems))
 
 
-def resolve_packing_config(packing: PackingConfig, args: Any, *, dp_size: int,
+def resolve_packing_config(packing: PackingConfig | Mapping[str, Any], args: Any, *, dp_size: int,
                            explicit_keys: set[str], source: str) -> PackingConfig:
     """The YAML's packing section completed from (and checked against) Megatron's arguments.
 
-    Megatron's arguments own B, the row size and the parallel sizes; a YAML key that says
+    ``packing`` is the section's mapping of keys (or a `PackingConfig`); it is validated only once
+    completed, so a key that needs a Megatron value (an FP8 recipe needs FP8 on) is judged with
+    it. Megatron's arguments own B, the row size and the parallel sizes; a YAML key that says
     otherwise is an error rather than a silent override.
     """
+    values = dict(packing.to_dict() if isinstance(packing, PackingConfig) else packing)
     megatron_values: dict[str, Any] = {
         "global_batch_size": args.global_batch_size,
         "tp_size": args.tensor_model_parallel_size,
@@ -96,24 +99,25 @@ def resolve_packing_config(packing: PackingConfig, args: Any, *, dp_size: int,
              "cp_size": "--context-parallel-size", "fp8_enabled": "--fp8-format",
              "fp8_recipe": "--fp8-recipe"}
     for key, value in megatron_values.items():
-        if key in explicit_keys and getattr(packing, key) != value:
+        if key in explicit_keys and values.get(key) != value:
             raise ConfigError(
-                f"{source}: packing.{key} is {getattr(packing, key)!r} but Megatron's "
+                f"{source}: packing.{key} is {values.get(key)!r} but Megatron's "
                 f"{flags[key]} gives {value!r}; remove the key from the YAML (Megatron's "
                 "argument decides) or make them agree")
-    capacity = packing.bin_capacity if "bin_capacity" in explicit_keys else args.seq_length
-    if capacity > args.seq_length:
+    capacity = values["bin_capacity"] if "bin_capacity" in explicit_keys else args.seq_length
+    resolved = PackingConfig.from_dict({**values, **megatron_values, "bin_capacity": capacity},
+                                       source=source)
+    if resolved.bin_capacity > args.seq_length:
         raise ConfigError(
             f"{source}: packing.bin_capacity {capacity} exceeds --seq-length {args.seq_length}; "
             "a packed row must fit the model's sequence length (raise --seq-length or lower "
             "bin_capacity)")
-    if capacity > args.max_position_embeddings:
+    if resolved.bin_capacity > args.max_position_embeddings:
         raise ConfigError(
             f"{source}: packing.bin_capacity {capacity} exceeds --max-position-embeddings "
             f"{args.max_position_embeddings}")
-    if not packing.use_sequence_packing:
+    if not resolved.use_sequence_packing:
         raise ConfigError(
             f"{source}: use_sequence_packing: false (padded mode) is not served by the "
             "Megatron-LM entry point, which trains packed THD rows; set it to true")
-    resolved = replace(packing, bin_capacity=capacity, **megatron_values)
     return resolved.validate(dp_size)

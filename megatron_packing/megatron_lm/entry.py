@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
-from megatron_packing.config import ConfigError, PackingConfig
+from megatron_packing.config import ConfigError
 from megatron_packing.megatron.trainer_config import DataConfig
 from megatron_packing.megatron_lm.arguments import (
     add_packing_arguments,
@@ -32,13 +32,15 @@ from megatron_packing.megatron_lm.data import TrainStream, restore_loader_state
 from megatron_packing.packed.collate import PackedBatch
 
 
-def read_packing_yaml(path: str) -> tuple[PackingConfig, set[str], DataConfig]:
-    """The YAML's ``packing:`` section (with the keys it sets) and its ``data:`` section."""
-    from megatron_packing.config import dataclass_from_mapping, read_yaml_mapping
+def read_packing_yaml(path: str) -> tuple[dict[str, Any], set[str], DataConfig]:
+    """The YAML's ``packing:`` section (its keys checked by name; the values are judged once
+    Megatron's arguments complete them) with the keys it sets, and its ``data:`` section."""
+    from megatron_packing.config import YAML_KEYS, dataclass_from_mapping, read_yaml_mapping
+    from megatron_packing.config.yaml_io import check_mapping
 
     document = read_yaml_mapping(path)
     packing_section = document.get("packing") or {}
-    packing = PackingConfig.from_dict(packing_section, source=path)
+    check_mapping(packing_section, YAML_KEYS, source=path, what="packing key")
     data = dataclass_from_mapping(DataConfig, document.get("data") or {}, source=path,
                                   what="data key")
     if not data.paths:
@@ -46,7 +48,7 @@ def read_packing_yaml(path: str) -> tuple[PackingConfig, set[str], DataConfig]:
     if not data.tokenizer:
         raise ConfigError(f"{path}: data.tokenizer is empty; give a tokenizer directory with a "
                           "chat template")
-    return packing, set(packing_section), data
+    return dict(packing_section), set(packing_section), data
 
 
 def _load_datasets(data: DataConfig, *, vocab_limit: int) -> tuple[Any, Any]:

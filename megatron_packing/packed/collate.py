@@ -13,7 +13,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from megatron_packing.config.components import CollatorConfig, config_or_keywords
+from megatron_packing.packing.alignment import Alignment
 from megatron_packing.plan_types import StepMetadata
+from megatron_packing.validation import require_positive_int
 
 
 @dataclass
@@ -67,22 +70,21 @@ class PackedCollator:
 
     def __init__(
         self,
-        alignment: Any,
+        alignment: Alignment,
         bin_capacity: int,
         *,
-        pad_token_id: int = 0,
-        pad_bins_to_capacity: bool = False,
+        config: CollatorConfig | None = None,
+        **settings: Any,
     ) -> None:
+        """Rows follow ``alignment`` within ``bin_capacity`` tokens; ``config`` (or its fields as
+        keywords: ``pad_token_id``, ``pad_bins_to_capacity``) says how they are padded."""
+        config = config_or_keywords(CollatorConfig, config, settings, owner="PackedCollator")
+        self.config = config
         self.alignment = alignment
-        self.bin_capacity = int(bin_capacity)
-        self.pad_token_id = int(pad_token_id)
-        self.pad_bins_to_capacity = pad_bins_to_capacity
-        if pad_bins_to_capacity and self.bin_capacity % alignment.bin_multiple:
-            # A row of C tokens must still divide by the per-bin multiple (TP/CP/FP8 shapes).
-            raise ValueError(
-                f"pad_bins_to_capacity needs bin_capacity={self.bin_capacity} to be a multiple "
-                f"of the per-bin multiple {alignment.bin_multiple}"
-            )
+        self.bin_capacity = require_positive_int("bin_capacity", bin_capacity)
+        self.pad_token_id = config.pad_token_id
+        self.pad_bins_to_capacity = config.pad_bins_to_capacity
+        config.check_rows(alignment, self.bin_capacity)
 
     def __call__(self, fetched: Any) -> PackedBatch:
         plan = getattr(fetched, "plan", None)

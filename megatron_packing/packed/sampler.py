@@ -22,19 +22,14 @@ from typing import Any
 import numpy as np
 
 from megatron_packing.base_order import EpochOrder
-from megatron_packing.packing.alignment import make_alignment
-from megatron_packing.packing.balance import (
-    DEFAULT_ATTENTION_COST_CONSTANT,
-    assign_bins_to_ranks,
-    bin_costs,
-    imbalance,
-)
+from megatron_packing.config.components import PackedSamplerConfig, config_or_keywords
+from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, imbalance
 from megatron_packing.packing.factory import make_seq_packer
 from megatron_packing.packing.step_sizing import StepContext, StepSizer
 from megatron_packing.plan_types import StepPlan
 from megatron_packing.state_checks import check_fingerprint, check_state_keys
 from megatron_packing.step_stream import OrderPosition, StepStream
-from megatron_packing.validation import check_batch_window
+from megatron_packing.validation import require_int, require_positive_int
 
 STATE_FORMAT_VERSION = 1
 STATE_KEYS = ("version", "fingerprint", "order", "carry", "step", "step_in_epoch", "drift")
@@ -84,62 +79,41 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
     Args:
         sampler: the base order (sequential, seeded random, or any sampler with ``len``).
         lengths: token length of every example, indexed by dataset index.
-        batch_size: B, examples per step on average.
-        dp_size: data-parallel size.
-        bin_capacity: tokens per packed row.
-        allowed_variation: v = floor(B x allowed_variation), the batch-size window.
-        total_steps: the run's scheduled steps; the drift is repaid by the last one.
+        config: the packer, the planner, dp size, seed and evaluation (`PackedSamplerConfig`).
         dp_rank: yield this rank's examples; None yields the global batch.
-        align_to_dp: False keeps every step at B and pads the bin count to a multiple of dp.
-        eval_mode: a fixed batch size, never varied, for evaluation.
+        total_steps: the run's scheduled steps; the drift is repaid by the last one.
         loss_token_counts: per example tokens trained on, so the plan knows the loss divisor.
-        lookahead_steps: steps planned together: among sizes that align this step, prefer
-            those after which most of the next steps can align (1 = greedy).
-        max_packs: packer runs allowed per step in the search on large windows (small windows
-            are searched whole anyway); None searches the whole window always.
-        max_deferred_examples: a step that cannot align may leave up to this many examples of
-            its window to lead the next step (0: never). No example moves by more than one step.
-        seed: seeds the epochs of a random base sampler that has no generator of its own.
+
+    The keyword form ``DPAlignedPackingBatchSampler(sampler, lengths, batch_size, dp_size,
+    bin_capacity=..., allowed_variation=..., ...)`` builds the config from the fields of the same
+    names (`PackerConfig`, `PlannerConfig`, `PackedSamplerConfig`; their defaults apply).
     """
 
     def __init__(
         self,
         sampler: Iterable[int],
         lengths: Sequence[int] | np.ndarray,
-        batch_size: int,
-        dp_size: int,
+        batch_size: int | None = None,
+        dp_size: int | None = None,
         *,
-        bin_capacity: int,
-        allowed_variation: float = 0.05,
-        tp_size: int = 1,
-        cp_size: int = 1,
-        fp8_enabled: bool = False,
-        fp8_recipe: str | None = None,
-        total_steps: int | None = None,
+        config: PackedSamplerConfig | None = None,
         dp_rank: int | None = None,
-        algorithm: str = "mffd",
-        oversize_policy: str = "error",
+        total_steps: int | None = None,
         loss_token_counts: Sequence[int] | np.ndarray | None = None,
-        rank_assignment: str = "karmarkar_karp",
-        attention_cost_constant: float = DEFAULT_ATTENTION_COST_CONSTANT,
-        align_to_dp: bool = True,
-        eval_mode: bool = False,
-        lookahead_steps: int = 3,
-        max_packs: int | None = 8,
-        max_deferred_examples: int = 0,
-        seed: int = 0,
+        **settings: Any,
     ) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        if isinstance(dp_size, bool) or not isinstance(dp_size, int) or dp_size < 1:
-            raise ValueError(f"dp_size must be an integer >= 1, got {dp_size!r}")
-        if dp_rank is not None and not 0 <= dp_rank < dp_size:
-            raise ValueError(f"dp_rank must be in [0, {dp_size}), got {dp_rank!r}")
-        if total_steps is not None and (not isinstance(total_steps, int) or total_steps < 1):
-            raise ValueError(f"total_steps must be a positive integer or None, got {total_steps!r}")
+        given = {"batch_size": batch_size, "dp_size": dp_size}
+        settings.update({name: value for name, value in given.items() if value is not None})
+        config = config_or_keywords(PackedSamplerConfig, config, settings,
+                                    owner="DPAlignedPackingBatchSampler")
+        packer, planner = config.packer, config.planner
+        self.config = config
+        self.dp_rank = require_int("dp_rank", dp_rank, minimum=0, maximum=config.dp_size - 1,
+                                   allow_none=True)
+        self.total_steps = require_positive_int("total_steps", total_steps, allow_none=True)
         self.base_sampler = sampler
-        self.seed = seed
-        self.order = EpochOrder(sampler, seed=seed)  # the order's length and fingerprint
+        self.seed = config.seed
+        self.order = EpochOrder(sampler, seed=config.seed)  # the order's length and fingerprint
         self.lengths = _as_lengths(lengths)
         if len(self.order) > len(self.lengths):
             raise ValueError(
@@ -151,24 +125,19 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
                 "the dataset has 0 examples (the base sampler covers none): there is nothing to "
                 "plan; check the data sources (an empty file, or every record skipped)"
             )
-        self.batch_size = batch_size
-        self.dp_size = dp_size
-        self.dp_rank = dp_rank
-        self.bin_capacity = int(bin_capacity)
-        self.total_steps = total_steps
-        self.eval_mode = eval_mode
-        self.align_to_dp = align_to_dp and not eval_mode
-        self.variation_fraction = float(allowed_variation)
-        if self.align_to_dp:
-            # B - v >= dp is a config rule (every rank gets real work); the sampler itself also
-            # serves smaller batches, giving ranks placeholder rows.
-            self.variation = check_batch_window(batch_size, allowed_variation, None)
-        else:
-            self.variation = 0
-        self.alignment = make_alignment(tp_size, cp_size, fp8_enabled, fp8_recipe)
+        self.batch_size = planner.batch_size
+        self.dp_size = config.dp_size
+        self.bin_capacity = packer.bin_capacity
+        self.eval_mode = config.eval_mode
+        # B - v >= dp is a config rule (every rank gets real work); the sampler itself also serves
+        # smaller batches, giving ranks placeholder rows.
+        self.align_to_dp = config.align_to_dp
+        self.variation_fraction = planner.allowed_variation
+        self.variation = config.variation
+        self.alignment = packer.alignment
         self.packer = make_seq_packer(
-            algorithm, bin_capacity=self.bin_capacity, alignment=self.alignment,
-            oversize_policy=oversize_policy,
+            packer.algorithm, bin_capacity=self.bin_capacity, alignment=self.alignment,
+            oversize_policy=packer.oversize_policy,
         )
         self.effective_lengths = np.asarray(self.packer.effective_lengths(self.lengths), dtype=np.int64)
         self.aligned_lengths = self.alignment.aligned_lengths(self.effective_lengths)
@@ -182,20 +151,13 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
             self.loss_token_counts: np.ndarray | None = counts
         else:
             self.loss_token_counts = None
-        self.rank_assignment = rank_assignment
-        self.attention_cost_constant = float(attention_cost_constant)
-        if isinstance(lookahead_steps, bool) or not isinstance(lookahead_steps, int) or lookahead_steps < 1:
-            raise ValueError(f"lookahead_steps must be an integer >= 1, got {lookahead_steps!r}")
-        if (isinstance(max_deferred_examples, bool) or not isinstance(max_deferred_examples, int)
-                or max_deferred_examples < 0):
-            raise ValueError(
-                f"max_deferred_examples must be an integer >= 0, got {max_deferred_examples!r}")
-        self.max_deferred_examples = max_deferred_examples if self.align_to_dp else 0
-        self.sizer = StepSizer(self.packer, dp_size, max_packs=max_packs, horizon=lookahead_steps,
-                               max_deferred=self.max_deferred_examples)
-        self.lookahead_steps = lookahead_steps
-        self._fingerprint = self._make_fingerprint(algorithm, oversize_policy, tp_size, cp_size,
-                                                   fp8_enabled, fp8_recipe, max_packs)
+        self.rank_assignment = planner.rank_assignment
+        self.attention_cost_constant = planner.attention_cost_constant
+        self.max_deferred_examples = config.max_deferred_examples
+        self.lookahead_steps = planner.lookahead_steps
+        self.sizer = StepSizer(self.packer, self.dp_size, max_packs=planner.max_packs,
+                               horizon=self.lookahead_steps, max_deferred=self.max_deferred_examples)
+        self._fingerprint = self._make_fingerprint()
         self._fingerprint.update(self.order.fingerprint())
         self._init_stream()
 
@@ -356,8 +318,8 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
         return plan
 
     # ------------------------------------------------------------------ state
-    def _make_fingerprint(self, algorithm: str, oversize_policy: str, tp: int, cp: int,
-                          fp8: bool, recipe: str | None, max_packs: int) -> dict[str, Any]:
+    def _make_fingerprint(self) -> dict[str, Any]:
+        packer = self.config.packer
         digest = hashlib.sha256(np.ascontiguousarray(self.lengths, dtype=np.int64).tobytes()).hexdigest()
         return {
             "lengths_sha256": digest[:24],
@@ -367,13 +329,13 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
             "dp_size": self.dp_size,
             "bin_capacity": self.bin_capacity,
             "alignment": [self.alignment.seq_multiple, self.alignment.bin_multiple],
-            "tp_cp_fp8": [tp, cp, bool(fp8), recipe],
-            "algorithm": str(getattr(algorithm, "value", algorithm)),
-            "oversize_policy": str(getattr(oversize_policy, "value", oversize_policy)),
+            "tp_cp_fp8": [packer.tp_size, packer.cp_size, packer.fp8_enabled, packer.fp8_recipe],
+            "algorithm": packer.algorithm,
+            "oversize_policy": packer.oversize_policy,
             "align_to_dp": self.align_to_dp,
             "eval_mode": self.eval_mode,
             "lookahead_steps": self.lookahead_steps,
-            "max_packs": max_packs,
+            "max_packs": self.config.planner.max_packs,
             "rank_assignment": self.rank_assignment,
             "attention_cost_constant": self.attention_cost_constant,
             "max_deferred_examples": self.max_deferred_examples,

@@ -23,6 +23,7 @@ import torch
 from megatron_packing.fetch import PlannedExamples
 from megatron_packing.packing.microbatch import restore_input_order
 from megatron_packing.plan_types import PaddedStepPlan, StepMetadata
+from megatron_packing.validation import require_int, require_positive_int
 
 
 @dataclass
@@ -127,10 +128,8 @@ class PaddedCollator:
     """Fetched examples with their plan (`PlannedExamples`) -> `PaddedBatch`; never re-splits."""
 
     def __init__(self, pad_token_id: int = 0, pad_to_multiple_of: int = 1) -> None:
-        if pad_to_multiple_of < 1:
-            raise ValueError(f"pad_to_multiple_of must be >= 1, got {pad_to_multiple_of}")
-        self.pad_token_id = pad_token_id
-        self.pad_to_multiple_of = pad_to_multiple_of
+        self.pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0)
+        self.pad_to_multiple_of = require_positive_int("pad_to_multiple_of", pad_to_multiple_of)
 
     def __call__(self, fetched: PlannedExamples) -> PaddedBatch:
         if not isinstance(getattr(fetched, "plan", None), PaddedStepPlan):

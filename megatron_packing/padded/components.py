@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from megatron_packing.base_order import make_base_order
+from megatron_packing.config import PackingConfig
 from megatron_packing.fetch import PlannedDataset
 from megatron_packing.padded.collate import PaddedCollator
 from megatron_packing.padded.sampler import TokenBudgetBatchSampler
@@ -14,11 +15,11 @@ from megatron_packing.padded.sampler import TokenBudgetBatchSampler
 
 def build_padded_components(
     dataset: Any,
-    config: Any,
+    config: PackingConfig,
     *,
     dp_rank: int,
     dp_size: int,
-    seed: int,
+    seed: int | None = None,
     total_steps: int | None = None,
     eval_mode: bool = False,
     base_sampler: Any = None,
@@ -28,29 +29,25 @@ def build_padded_components(
     Use as ``StatefulDataLoader(wrapper, batch_sampler=sampler, collate_fn=collator, ...)``.
     Lengths come from ``dataset.lengths`` (else from each example), loss counts from
     ``dataset.loss_token_counts`` when present (counting targets after the first token).
-    As in packed mode: ``total_steps`` ends the run after that many steps, ``eval_mode`` reads
-    the examples in sequential order (one full epoch, whatever ``total_steps``), and
-    ``base_sampler`` replaces the configured base order.
+    As in packed mode: ``seed`` (None: the config's) orders the examples, ``total_steps`` ends
+    the run after that many steps, ``eval_mode`` reads the examples in sequential order (one
+    full epoch, whatever ``total_steps``), and ``base_sampler`` replaces the configured order.
     """
     lengths = getattr(dataset, "lengths", None)
     if lengths is None:
         lengths = [len(dataset[i]["input_ids"]) for i in range(len(dataset))]
     loss_counts = getattr(dataset, "loss_token_counts", None)
+    settings = config.padded_sampler_config(dp_size, seed=seed, eval_mode=eval_mode)
     if base_sampler is None:
-        kind = "sequential" if eval_mode else getattr(config, "base_order", "random")
-        base_sampler = make_base_order(kind, len(dataset), seed)
+        base_sampler = make_base_order(config.loader.order_kind(eval_mode), len(dataset),
+                                       settings.seed)
     sampler = TokenBudgetBatchSampler(
         base_sampler,
         np.asarray(lengths),
-        config.global_batch_size,
-        dp_size,
+        config=settings,
         dp_rank=dp_rank,
-        max_tokens_per_microbatch=config.max_tokens_per_microbatch,
-        micro_batch_size=config.micro_batch_size,
-        loss_token_counts=None if loss_counts is None else np.asarray(loss_counts),
         total_steps=total_steps,
-        seed=seed,
-        eval_mode=eval_mode,
+        loss_token_counts=None if loss_counts is None else np.asarray(loss_counts),
     )
-    collator = PaddedCollator(pad_token_id=getattr(config, "pad_token_id", 0))
+    collator = PaddedCollator(pad_token_id=config.collator.pad_token_id)
     return sampler, PlannedDataset(dataset), collator

@@ -23,8 +23,12 @@ from typing import Any
 import numpy as np
 
 from megatron_packing.base_order import EpochOrder
+from megatron_packing.config.components import (
+    SAMPLER_SPLIT_METHOD,
+    PaddedSamplerConfig,
+    config_or_keywords,
+)
 from megatron_packing.packing.microbatch import (
-    SPLIT_METHODS,
     SplitMethod,
     example_lengths,
     fixed_size_microbatches,
@@ -34,9 +38,7 @@ from megatron_packing.packing.microbatch import (
 from megatron_packing.plan_types import PaddedStepPlan
 from megatron_packing.state_checks import check_fingerprint, check_state_keys
 from megatron_packing.step_stream import OrderPosition, StepStream
-
-SAMPLER_SPLIT_METHOD: SplitMethod = "balanced"
-"""The sampler's splitter: the balanced split won or tied every workload of the benchmark."""
+from megatron_packing.validation import require_int, require_positive_int
 
 
 def rank_slices(num_examples: int, dp_size: int) -> list[tuple[int, int]]:
@@ -61,14 +63,6 @@ def split_rank_share(
     return make_token_balanced_microbatches(ordered, share_lengths, max_tokens, method=method)
 
 
-def _positive_int(name: str, value: Any, *, allow_none: bool = False) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
 @dataclass
 class PaddedCursor:
     """Where one iterator stands in the padded stream, with the budget schedule it follows."""
@@ -84,50 +78,49 @@ class TokenBudgetBatchSampler(StepStream[PaddedCursor, PaddedStepPlan]):
 
     ``sampler`` gives the epoch's example order (any sized sampler; see `EpochOrder`).
     ``lengths[i]`` is example i's token count; ``loss_token_counts[i]`` (optional) its trained
-    tokens, so each plan carries the global loss-token count. With ``dp_rank=None`` the yielded
-    list is the whole global batch (for simulation) and ``schedule`` is rank 0's.
-    ``total_steps`` ends the run after that many steps (across epochs); ``eval_mode`` marks the
-    plans as evaluation and reads whole epochs whatever ``total_steps``. ``seed`` seeds a
-    generator-less random base sampler per epoch.
+    tokens, so each plan carries the global loss-token count. ``config`` holds B, dp, the
+    micro-batch settings, the seed and evaluation (`PaddedSamplerConfig`). With ``dp_rank=None``
+    the yielded list is the whole global batch (for simulation) and ``schedule`` is rank 0's.
+    ``total_steps`` ends the run after that many steps (across epochs); an evaluation
+    (``eval_mode``) reads whole epochs whatever ``total_steps``.
+
+    The keyword form ``TokenBudgetBatchSampler(sampler, lengths, global_batch_size, dp_size,
+    max_tokens_per_microbatch=..., micro_batch_size=..., ...)`` builds the config from the
+    fields of the same names (`PaddedConfig`, `PaddedSamplerConfig`; their defaults apply).
     """
 
     def __init__(
         self,
         sampler: Iterable[int],
         lengths: Sequence[int] | np.ndarray,
-        global_batch_size: int,
-        dp_size: int,
+        global_batch_size: int | None = None,
+        dp_size: int | None = None,
         *,
+        config: PaddedSamplerConfig | None = None,
         dp_rank: int | None = None,
-        max_tokens_per_microbatch: int | None = None,
-        micro_batch_size: int = 1,
-        loss_token_counts: Sequence[int] | np.ndarray | None = None,
-        split_method: SplitMethod = SAMPLER_SPLIT_METHOD,
         total_steps: int | None = None,
-        seed: int = 0,
-        eval_mode: bool = False,
+        loss_token_counts: Sequence[int] | np.ndarray | None = None,
+        **settings: Any,
     ) -> None:
-        self.global_batch_size = _positive_int("global_batch_size", global_batch_size)
-        self.dp_size = _positive_int("dp_size", dp_size)
-        if dp_rank is not None and (
-            isinstance(dp_rank, bool) or not isinstance(dp_rank, int) or not 0 <= dp_rank < dp_size
-        ):
-            raise ValueError(f"dp_rank must be in [0, {dp_size}), got {dp_rank!r}")
-        self.dp_rank = dp_rank
-        self.micro_batch_size = _positive_int("micro_batch_size", micro_batch_size)
-        self._max_tokens = _positive_int(
-            "max_tokens_per_microbatch", max_tokens_per_microbatch, allow_none=True
-        )
-        if split_method not in SPLIT_METHODS:
-            raise ValueError(f"split_method must be one of {', '.join(SPLIT_METHODS)}, got {split_method!r}")
-        self.split_method = split_method
-        self.eval_mode = bool(eval_mode)
+        given = {"global_batch_size": global_batch_size, "dp_size": dp_size}
+        settings.update({name: value for name, value in given.items() if value is not None})
+        config = config_or_keywords(PaddedSamplerConfig, config, settings,
+                                    owner="TokenBudgetBatchSampler")
+        self.config = config
+        self.global_batch_size = config.global_batch_size
+        self.dp_size = config.dp_size
+        self.dp_rank = require_int("dp_rank", dp_rank, minimum=0, maximum=config.dp_size - 1,
+                                   allow_none=True)
+        self.micro_batch_size = config.padded.micro_batch_size
+        self._max_tokens = config.padded.max_tokens_per_microbatch
+        self.split_method = config.padded.split_method
+        self.eval_mode = config.eval_mode
         # evaluation reads its epoch whole, as in packed mode; total_steps bounds training runs
-        self.total_steps = None if self.eval_mode else _positive_int(
-            "total_steps", total_steps, allow_none=True)
+        total_steps = require_positive_int("total_steps", total_steps, allow_none=True)
+        self.total_steps = None if self.eval_mode else total_steps
         self.base_sampler = sampler
-        self.seed = seed
-        self._order = EpochOrder(sampler, seed=seed)  # the order's length and fingerprint
+        self.seed = config.seed
+        self._order = EpochOrder(sampler, seed=config.seed)  # the order's length and fingerprint
         if len(self._order) == 0:
             raise ValueError(
                 "the dataset has 0 examples (the base sampler covers none): there is nothing to "
@@ -179,7 +172,7 @@ class TokenBudgetBatchSampler(StepStream[PaddedCursor, PaddedStepPlan]):
 
     def set_max_tokens(self, max_tokens: int, from_step: int | None = None) -> None:
         """Change the token budget from ``from_step`` (default: the next planned step) on."""
-        budget = _positive_int("max_tokens", max_tokens)
+        budget = require_positive_int("max_tokens", max_tokens)
         cursor = self._position()
         start = cursor.step if from_step is None else int(from_step)
         if start < cursor.step:

@@ -20,6 +20,8 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from megatron_packing.validation import require_int, require_positive_int
+
 NO_VALUE = -1
 
 
@@ -104,12 +106,10 @@ def read_budget_file(path: str | Path) -> BudgetRequest | None:
             return None  # caught mid-write; the next check reads it whole
     if not isinstance(document, dict) or "max_tokens_per_microbatch" not in document:
         return None
-    budget = document["max_tokens_per_microbatch"]
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
-        raise ValueError(f"{path}: max_tokens_per_microbatch must be a positive integer, got {budget!r}")
-    from_step = document.get("from_step", NO_VALUE)
-    if isinstance(from_step, bool) or not isinstance(from_step, int) or from_step < NO_VALUE:
-        raise ValueError(f"{path}: from_step must be a non-negative integer, got {from_step!r}")
+    budget = require_positive_int(f"{path}: max_tokens_per_microbatch",
+                                  document["max_tokens_per_microbatch"])
+    from_step = require_int(f"{path}: from_step", document.get("from_step", NO_VALUE),
+                            minimum=NO_VALUE)  # -1: from the first step no rank has planned
     return BudgetRequest(budget, version, from_step)
 
 
@@ -134,10 +134,8 @@ class TokenBudgetController:
         target: BudgetTarget | None = None,
         read_on_all_ranks: bool = True,
     ) -> None:
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0:
-            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
-        if not isinstance(check_every, int) or check_every <= 0:
-            raise ValueError(f"check_every must be a positive integer, got {check_every!r}")
+        max_tokens = require_positive_int("max_tokens", max_tokens)
+        check_every = require_positive_int("check_every", check_every)
         self.control_file = Path(control_file) if control_file is not None else None
         self.check_every = check_every
         self.group = group
@@ -151,8 +149,7 @@ class TokenBudgetController:
     # ------------------------------------------------------------------ API
     def request(self, max_tokens: int, from_step: int | None = None) -> None:
         """Ask for a new budget; it is agreed with the other ranks at the next check."""
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0:
-            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        max_tokens = require_positive_int("max_tokens", max_tokens)
         self._pending = BudgetRequest(max_tokens, time.time_ns(), NO_VALUE if from_step is None else from_step)
 
     def budget_at(self, step: int) -> int:

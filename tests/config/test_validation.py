@@ -37,8 +37,12 @@ def test_numbers_and_open_intervals():
     for bad in (0, 1, float("nan"), "0.1", False):
         with pytest.raises(ConfigError, match=r"v must be a number in \(0, 1\)"):
             require_number("v", bad, minimum=0, maximum=1, exclusive=True)
-    with pytest.raises(ConfigError, match=r"in \[0, inf\]"):
+    with pytest.raises(ConfigError, match=r"k must be a number >= 0, got -1"):
         require_number("k", -1, minimum=0)
+    with pytest.raises(ConfigError, match=r"lr must be a number > 0, got 0"):
+        require_number("lr", 0, minimum=0, exclusive=True)
+    with pytest.raises(ConfigError, match=r"p must be a number <= 1, got 2"):
+        require_number("p", 2, maximum=1)
 
 
 def test_bools_and_choices():

@@ -116,6 +116,25 @@ def test_the_training_yaml_reports_the_packing_keys_it_sets(tmp_path):
     path.write_text("packing:\n  seed: 7\n  bin_capacity: 512\n"
                     "data:\n  paths: [a.jsonl]\n  tokenizer: tok\n  valid_paths: [b.jsonl]\n")
     packing, explicit, data = read_packing_yaml(str(path))
-    assert (packing.seed, packing.bin_capacity) == (7, 512)
+    assert packing == {"seed": 7, "bin_capacity": 512}
     assert explicit == {"seed", "bin_capacity"}
     assert data.valid_paths == ["b.jsonl"]
+
+
+def test_the_packing_section_is_judged_once_megatron_completes_it(tmp_path):
+    """An FP8 recipe in the YAML needs FP8 on, which only Megatron's --fp8-format says."""
+    from megatron_packing.megatron_lm.entry import read_packing_yaml
+
+    path = tmp_path / "sft.yaml"
+    path.write_text("packing:\n  fp8_recipe: mxfp8\n  align_packing_bins_to_dp: true\n"
+                    "data:\n  paths: [a.jsonl]\n  tokenizer: tok\n")
+    section, explicit, _ = read_packing_yaml(str(path))
+    packing = resolve_packing_config(section, _args(fp8="hybrid", fp8_recipe="mxfp8"), dp_size=2,
+                                     explicit_keys=explicit, source=str(path))
+    assert (packing.fp8_enabled, packing.fp8_recipe, packing.bin_capacity) == (True, "mxfp8", 1024)
+    with pytest.raises(ConfigError, match=f"{path}: fp8_recipe='mxfp8' is set but fp8_enabled is False"):
+        resolve_packing_config(section, _args(), dp_size=2, explicit_keys=explicit,
+                               source=str(path))
+    path.write_text("packing:\n  bin_capcity: 512\ndata:\n  paths: [a.jsonl]\n  tokenizer: tok\n")
+    with pytest.raises(ConfigError, match="did you mean 'bin_capacity'"):
+        read_packing_yaml(str(path))

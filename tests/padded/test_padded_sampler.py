@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pickle
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ from padded_synth import SyntheticSFTDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from megatron_packing.base_order import SeededRandomOrder, SequentialSampler
+from megatron_packing.config import PackingConfig
 from megatron_packing.fetch import PlannedDataset, PlannedExamples
 from megatron_packing.padded.collate import PaddedCollator, make_dummy_microbatch
 from megatron_packing.padded.components import build_padded_components
@@ -153,8 +153,9 @@ def test_dummy_microbatch_has_zero_loss():
 
 
 def _loader(num_workers, dp_rank=1):
-    config = SimpleNamespace(global_batch_size=48, max_tokens_per_microbatch=1500, micro_batch_size=1,
-                             base_order="random", pad_token_id=0)
+    config = PackingConfig(use_sequence_packing=False, global_batch_size=48,
+                           max_tokens_per_microbatch=1500, micro_batch_size=1, base_order="random",
+                           pad_token_id=0)
     sampler, wrapper, collate = build_padded_components(DATA, config, dp_rank=dp_rank, dp_size=2, seed=11)
     return StatefulDataLoader(wrapper, batch_sampler=sampler, collate_fn=collate,
                               num_workers=num_workers, multiprocessing_context="fork" if num_workers else None)
@@ -190,8 +191,9 @@ def test_loader_resume_is_exact(num_workers):
 
 
 def test_build_padded_components_follows_config():
-    config = SimpleNamespace(global_batch_size=48, max_tokens_per_microbatch=None, micro_batch_size=2,
-                             base_order="sequential", pad_token_id=5)
+    config = PackingConfig(use_sequence_packing=False, global_batch_size=48,
+                           max_tokens_per_microbatch=None, micro_batch_size=2,
+                           base_order="sequential", pad_token_id=5)
     sampler, wrapper, collate = build_padded_components(DATA, config, dp_rank=0, dp_size=2, seed=0)
     plan = next(iter(sampler))
     assert list(plan) == list(range(24)) and plan.microbatches_per_rank == 12

@@ -133,16 +133,14 @@ def test_the_deferral_key_is_in_the_fingerprint():
     (122, "must be below the smallest step size B - v = 122"),
 ])
 def test_config_rejects_a_bad_deferral_limit(value, message):
-    config = PackingConfig(global_batch_size=128, align_packing_bins_to_dp=True,
-                           max_deferred_examples=value)
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
-        config.validate(8)
+        PackingConfig(global_batch_size=128, align_packing_bins_to_dp=True,
+                      max_deferred_examples=value)
 
 
 def test_config_deferral_needs_alignment():
-    config = PackingConfig(global_batch_size=128, align_packing_bins_to_dp=False,
-                           max_deferred_examples=4)
     with pytest.raises(ConfigError, match="needs align_packing_bins_to_dp: true"):
-        config.validate(8)
+        PackingConfig(global_batch_size=128, align_packing_bins_to_dp=False,
+                      max_deferred_examples=4)
     assert PackingConfig(global_batch_size=128, align_packing_bins_to_dp=True,
                          max_deferred_examples=4).validate(8).max_deferred_examples == 4

@@ -20,14 +20,14 @@ def test_simulate_prints_the_exhaustive_reference_and_the_offline_best_path(caps
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--variation", "1.5"], "--variation must be in (0, 1)"),
-    (["--variation", "0"], "--variation must be in (0, 1)"),
+    (["--variation", "1.5"], "--variation must be a number in (0, 1), got 1.5"),
+    (["--variation", "0"], "--variation must be a number in (0, 1), got 0.0"),
     (["--variation", "x"], "--variation must be a number in (0, 1), got 'x'"),
-    (["--capacity", "8"], "--capacity must be at least 16 tokens per bin, got 8"),
+    (["--capacity", "8"], "--capacity must be an integer >= 16, got 8"),
     (["--capacity", "4k"], "--capacity must be an integer, got '4k'"),
-    (["--dp-size", "0"], "--dp-size must be >= 1, got 0"),
+    (["--dp-size", "0"], "--dp-size must be an integer >= 1, got 0"),
     (["--batch-size", "16", "--variation", "0.05"], "gives a window of floor(16 x 0.05) = 0"),
-    (["--max-deferred", "-1"], "--max-deferred must be >= 0, got -1"),
+    (["--max-deferred", "-1"], "--max-deferred must be an integer >= 0, got -1"),
 ])
 def test_simulate_rejects_bad_arguments_with_a_clear_message(argv, message, capsys):
     with pytest.raises(SystemExit) as raised:
