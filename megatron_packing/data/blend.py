@@ -57,7 +57,7 @@ def blend_indices(sizes: Sequence[int], weights: Sequence[float], seed: int) -> 
         picks.append(rng.permutation(n)[:part])
         local_ids.append(np.concatenate(picks).astype(np.int64))
         part_ids.append(np.full(int(c), k, dtype=np.int32))
-    part = np.concatenate(part_ids)
+    sources = np.concatenate(part_ids)
     local = np.concatenate(local_ids)
-    order = rng.permutation(len(part))
-    return part[order], local[order]
+    order = rng.permutation(len(sources))
+    return sources[order], local[order]

@@ -218,13 +218,13 @@ def restore_input_order(
             got = "None" if produced is None else len(produced)
             raise ValueError(f"micro-batch {number}: {len(group)} examples but {got} outputs")
         for index, value in zip(group, produced, strict=True):
-            position = position_of.get(int(index))
-            if position is None:
+            slot = position_of.get(int(index))
+            if slot is None:
                 raise ValueError(f"micro-batch {number} holds index {index}, which is not an input")
-            if filled[position]:
+            if filled[slot]:
                 raise ValueError(f"index {index} appears in two micro-batches")
-            result[position] = value
-            filled[position] = True
+            result[slot] = value
+            filled[slot] = True
     if not all(filled):
         missing = [int(input_indices[p]) for p, done in enumerate(filled) if not done]
         raise ValueError(f"no output for input indices {missing[:10]}")
