@@ -16,7 +16,7 @@ original position, so the classes are consecutive slices. The phases:
    so this opens new bins only; it equals first fit over all bins.
 
 "Largest remaining that fits" is a bisection over the sorted sizes plus a union-find that
-skips used items, so phases 1-4 cost O(n log n); phase 5 uses the segment-tree first fit.
+skips used items, so phases 1-4 cost O(n log n); phase 5 is `fit.first_fit_decreasing`.
 """
 
 from __future__ import annotations
