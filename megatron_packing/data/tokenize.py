@@ -28,6 +28,8 @@ from typing import Any
 import jinja2
 import numpy as np
 
+from megatron_packing.validation import require_int
+
 from .errors import LOSS_ON_CHOICES, SPECIAL_TOKENS_IN_CONTENT_CHOICES, RecordProblem, check_choice
 from .records import Conversation, Messages
 
@@ -145,10 +147,7 @@ class ChatEncoder:
         check_choice("loss_on", loss_on, LOSS_ON_CHOICES)
         check_choice("special_tokens_in_content", special_tokens_in_content,
                      SPECIAL_TOKENS_IN_CONTENT_CHOICES)
-        if max_length is not None and (
-            isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2
-        ):
-            raise ValueError(f"max_length must be an int >= 2 or None, got {max_length!r}")
+        require_int("max_length", max_length, minimum=2, allow_none=True, error=ValueError)
 
     @property
     def method(self) -> str:

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from megatron_packing.validation import require_positive_int
+
 FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
 
 
@@ -46,10 +48,7 @@ class Alignment:
 
     def __post_init__(self) -> None:
         for name in ("seq_multiple", "bin_multiple"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-            object.__setattr__(self, name, int(value))
+            object.__setattr__(self, name, _positive_int(getattr(self, name), name))
 
     def aligned_length(self, length: int) -> int:
         """``length`` rounded up to the per-sequence multiple."""
@@ -92,9 +91,10 @@ class Alignment:
 
 
 def _positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
+    """``value`` as an int >= 1 (numpy integers accepted, bools refused), else a ValueError."""
+    number = require_positive_int(name, value, error=ValueError)
+    assert number is not None  # allow_none is off
+    return number
 
 
 def make_alignment(

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from megatron_packing.validation import require_positive_int
+
 DEFAULT_ATTENTION_COST_CONSTANT = 24576.0
 
 ASSIGN_METHODS = ("karmarkar_karp", "round_robin")
@@ -92,8 +94,9 @@ def assign_bins_to_ranks(
     ``i % dp``): both are computed and the one with the lower maximum rank cost is kept.
     Deterministic; ids inside each rank ascending; ranks ordered by their smallest bin id.
     """
-    if isinstance(dp_size, bool) or not isinstance(dp_size, int | np.integer) or dp_size < 1:
-        raise ValueError(f"dp_size must be an integer >= 1, got {dp_size!r}")
+    ranks = require_positive_int("dp_size", dp_size, error=ValueError)
+    assert ranks is not None  # allow_none is off
+    dp_size = ranks
     if method not in ASSIGN_METHODS:
         raise ValueError(f"unknown method {method!r}; valid methods: {', '.join(ASSIGN_METHODS)}")
     c = np.asarray(costs, dtype=np.float64)

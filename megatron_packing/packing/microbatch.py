@@ -21,6 +21,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from megatron_packing.validation import require_positive_int
+
 SplitMethod = Literal["greedy", "balanced"]
 SPLIT_METHODS: tuple[str, ...] = ("greedy", "balanced")
 DEFAULT_SPLIT_METHOD: SplitMethod = "greedy"
@@ -59,15 +61,10 @@ def example_lengths(all_input_ids: Any) -> np.ndarray:
 
 
 def _check_budget(max_tokens: Any) -> int:
-    if (
-        isinstance(max_tokens, bool)
-        or not isinstance(max_tokens, int | np.integer)
-        or max_tokens <= 0
-    ):
-        raise ValueError(
-            f"max_tokens must be a positive integer (tokens per micro-batch), got {max_tokens!r}"
-        )
-    return int(max_tokens)
+    """The token budget per micro-batch as an int >= 1."""
+    budget = require_positive_int("max_tokens", max_tokens, error=ValueError)
+    assert budget is not None  # allow_none is off
+    return budget
 
 
 def _check_indices(sorted_indices: Iterable[int], num_examples: int) -> np.ndarray:
@@ -176,16 +173,10 @@ def make_token_balanced_microbatches(
 
 def fixed_size_microbatches(indices: Sequence[int], micro_batch_size: int) -> list[list[int]]:
     """Consecutive chunks of ``micro_batch_size`` examples (the last may be shorter)."""
-    if (
-        isinstance(micro_batch_size, bool)
-        or not isinstance(micro_batch_size, int)
-        or micro_batch_size <= 0
-    ):
-        raise ValueError(f"micro_batch_size must be a positive integer, got {micro_batch_size!r}")
+    size = require_positive_int("micro_batch_size", micro_batch_size, error=ValueError)
+    assert size is not None  # allow_none is off
     items = list(indices)
-    return [
-        items[start : start + micro_batch_size] for start in range(0, len(items), micro_batch_size)
-    ]
+    return [items[start : start + size] for start in range(0, len(items), size)]
 
 
 # --------------------------------------------------------------------------- results
