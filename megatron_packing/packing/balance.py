@@ -66,7 +66,9 @@ def _karmarkar_karp(costs: np.ndarray, dp_size: int) -> list[list[int]]:
     n = len(costs)
     order = np.argsort(-costs, kind="stable").tolist()
     values = costs.tolist()
-    heap = []
+    # Max-heap (negated spread) of partial solutions; the row/counter breaks ties by creation
+    # order, so the result does not depend on comparing the subset lists.
+    heap: list[tuple[float, int, list[tuple[float, list[int]]]]] = []
     for row, start in enumerate(range(0, n, dp_size)):
         members = order[start : start + dp_size]
         subsets = [(values[i], [i]) for i in members]  # heaviest first
@@ -75,10 +77,13 @@ def _karmarkar_karp(costs: np.ndarray, dp_size: int) -> list[list[int]]:
     heapq.heapify(heap)
     counter = len(heap)
     while len(heap) > 1:
+        # Differencing: the two most unbalanced partial solutions, merged so that their
+        # imbalances cancel (heaviest of one with lightest of the other). The merged spread is
+        # at most the larger of the two, so the largest spreads shrink first.
         _, _, a = heapq.heappop(heap)
         _, _, b = heapq.heappop(heap)
         merged = [(ca + cb, ia + ib) for (ca, ia), (cb, ib) in zip(a, reversed(b), strict=True)]
-        merged.sort(key=lambda sub: (-sub[0], min(sub[1])))
+        merged.sort(key=lambda sub: (-sub[0], min(sub[1])))  # heaviest first again
         heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), counter, merged))
         counter += 1
     return [sorted(ids) for _, ids in heap[0][2]]

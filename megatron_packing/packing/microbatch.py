@@ -110,6 +110,8 @@ def _greedy_cuts(run_lengths: np.ndarray, budget: int) -> list[int]:
     count = 0
     longest = 0
     for position, length in enumerate(run_lengths.tolist()):
+        # A padded micro-batch costs count x its longest example; adding one example can raise
+        # both factors. A lone example over the budget still gets its own micro-batch.
         new_longest = max(longest, length)
         if count > 0 and (count + 1) * new_longest > budget:
             starts.append(position)
@@ -134,6 +136,8 @@ def _balanced_cuts(run_lengths: np.ndarray, budget: int) -> list[int]:
     fitting = run_lengths[run_lengths <= budget]
     low = int(fitting.max()) if fitting.size else 1  # no cap below the longest example that fits
     high = budget
+    # The greedy's count only falls as the cap rises, so the caps that reach ``target`` form an
+    # interval [c*, budget]: bisect for its start.
     while low < high:
         middle = (low + high) // 2
         if len(_greedy_cuts(run_lengths, middle)) <= target:
