@@ -11,7 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from megatron_packing.packing.fit import best_fit_decreasing, first_fit_decreasing, room_index
+from megatron_packing.packing.fit import (
+    best_fit_decreasing,
+    first_fit_decreasing,
+    group_by_bin,
+    room_index,
+)
 
 
 def naive_fit(sizes: list[int], capacity: int, max_bins: int | None, best: bool) -> list[int]:
@@ -96,3 +101,16 @@ def test_bins_opened_in_bulk_keep_their_room_heap_in_order() -> None:
     index.add(40, 5)
     index.add_new(40, 6, 3)  # newer than bin 5: appended behind it
     assert [index.push_pop(-1, -1, 40) for _ in range(5)] == [5, 6, 7, 8, -1]
+
+
+@pytest.mark.parametrize("n_bins", [3, 65_536, 70_000])
+def test_group_by_bin_lists_each_bins_items_in_order(n_bins: int) -> None:
+    # Bin ids up to 65,535 are sorted as 16-bit keys; more bins than that must not wrap.
+    rng = np.random.default_rng(n_bins)
+    bin_of = rng.integers(-1, n_bins, size=5_000)
+    bin_of[:2] = [n_bins - 1, 0]
+    expected: list[list[int]] = [[] for _ in range(n_bins)]
+    for item, b in enumerate(bin_of.tolist()):
+        if b >= 0:
+            expected[b].append(item)
+    assert group_by_bin(bin_of, n_bins) == expected
