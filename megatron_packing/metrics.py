@@ -148,8 +148,12 @@ class WandbLogger:
 
         resolved = os.environ.get("WANDB_MODE") or mode or "offline"
         Path(directory).mkdir(parents=True, exist_ok=True)
+        # wandb's annotation lists four modes, but it also accepts (and itself checks) the
+        # older names a WANDB_MODE may hold, such as "dryrun": pass the string through.
         self.run = wandb.init(project=project, name=run_name, dir=str(directory),
-                              config=config or {}, mode=resolved, reinit="finish_previous",
+                              config=config or {},
+                              mode=resolved,  # type: ignore[arg-type]
+                              reinit="finish_previous",
                               id=run_id, resume="allow" if run_id else None)
         self.mode = resolved
         self.logged_through = logged_through

@@ -10,25 +10,19 @@ The same sizes, weights and seed always give the same blend.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
+
+from megatron_packing.validation import require_number
 
 
 def validate_weights(weights: Sequence[object], num_sources: int) -> list[float]:
     """Check weights are positive finite numbers, one per source; return them as floats."""
     if len(weights) != num_sources:
         raise ValueError(f"got {len(weights)} weights for {num_sources} sources; give one weight per source")
-    out = []
-    for w in weights:
-        if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
-            raise ValueError(f"weight {w!r} is not a number; weights must be positive finite numbers")
-        wf = float(w)
-        if not math.isfinite(wf) or wf <= 0:
-            raise ValueError(f"weight {w!r} is not valid; weights must be positive finite numbers")
-        out.append(wf)
-    return out
+    return [require_number(f"weights[{k}]", w, minimum=0, exclusive=True, error=ValueError)
+            for k, w in enumerate(weights)]
 
 
 def blend_counts(sizes: Sequence[int], weights: Sequence[float]) -> np.ndarray:
@@ -57,7 +51,7 @@ def blend_indices(sizes: Sequence[int], weights: Sequence[float], seed: int) -> 
         picks.append(rng.permutation(n)[:part])
         local_ids.append(np.concatenate(picks).astype(np.int64))
         part_ids.append(np.full(int(c), k, dtype=np.int32))
-    part = np.concatenate(part_ids)
+    sources = np.concatenate(part_ids)
     local = np.concatenate(local_ids)
-    order = rng.permutation(len(part))
-    return part[order], local[order]
+    order = rng.permutation(len(sources))
+    return sources[order], local[order]

@@ -59,7 +59,8 @@ class BadRecordError(ValueError):
             "Fix the record, or pass on_bad_record='skip' to skip and count such records."
         )
 
-    def __reduce__(self):  # keep picklable across worker processes
+    def __reduce__(self) -> tuple[type[BadRecordError], tuple[str, int, str, str]]:
+        # keep picklable across worker processes
         return (BadRecordError, (self.source, self.line, self.reason, self.detail))
 
 
@@ -77,4 +78,4 @@ def check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
     """Return ``value`` if it is one of ``choices``, else raise a ValueError listing them."""
     if value not in choices:
         raise ValueError(f"{name}={value!r} is not valid; choose one of {', '.join(map(repr, choices))}")
-    return value  # type: ignore[return-value]
+    return value

@@ -124,7 +124,7 @@ def load_sft_dataset(
             store = TokenStore(src)
             check_pretokenized(store, options)
         else:
-            if encoder is None:
+            if encoder is None or fp is None:
                 raise ValueError(f"source {src!r} needs a tokenizer; tokenizer=None only works for pre-tokenized data")
             store = _load_raw(src, encoder, fp, cache, on_bad_record, num_proc, show_progress)
         stores.append(store)
@@ -147,8 +147,9 @@ def _load_raw(
     src: Any, encoder: ChatEncoder, fp: str, cache: Path, on_bad_record: str,
     num_proc: int | None, show_progress: bool,
 ) -> TokenStore:
-    common = dict(encoder=encoder, tokenizer_fp=fp, cache_dir=cache, on_bad_record=on_bad_record,
-                  num_proc=num_proc, show_progress=show_progress)
+    common: dict[str, Any] = dict(encoder=encoder, tokenizer_fp=fp, cache_dir=cache,
+                                  on_bad_record=on_bad_record, num_proc=num_proc,
+                                  show_progress=show_progress)
     if _is_dataset(src):
         if isinstance(src.column_names, Mapping):
             raise ValueError("got a dataset dictionary; pass one split, e.g. dataset_dict['train']")
@@ -166,8 +167,8 @@ def _load_raw(
     if suffix == ".jsonl":
         items, total, is_text = iter_jsonl(path), count_jsonl_lines(path), True
     elif suffix == ".json":
-        items = read_json_list(path, str(path))
-        total, is_text = len(items), False
+        records = read_json_list(path, str(path))
+        items, total, is_text = iter(records), len(records), False
     else:
         raise ValueError(f"{path}: unsupported file type {suffix!r}; give {SUPPORTED}")
     return build_or_load(

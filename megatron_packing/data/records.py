@@ -1,7 +1,7 @@
 """Read chat and instruction records from JSONL/JSON files and datasets, and validate them.
 
-A record becomes a :class:`Conversation`: a list of ``{"role", "content"}`` messages, plus the
-record's ``tools`` list if it has one. Accepted shapes, in order of precedence when several are
+A record becomes a :class:`Conversation`: a sequence of ``{"role", "content"}`` messages, plus
+the record's ``tools`` list if it has one. Accepted shapes, in order of precedence when several are
 present:
 
 * ``{"messages": [{"role": ..., "content": ...}, ...], "tools": [...] (optional)}`` (roles
@@ -21,30 +21,46 @@ and are ignored.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from .errors import RecordProblem
 
 VALID_ROLES = ("system", "user", "assistant", "tool")
 
-Messages = list[dict[str, Any]]
+Messages = Sequence[dict[str, Any]]
+"""A conversation's messages: a :class:`Conversation` or a plain list of message dicts."""
 
 
-class Conversation(list):
-    """A validated message list; ``tools`` is the record's tool list (None when it has none)."""
+@dataclass(frozen=True)
+class Conversation(Sequence[dict[str, Any]]):
+    """A validated record: its messages, and its ``tools`` list (None when it has none).
 
-    def __init__(self, messages: Messages = (), tools: list[dict[str, Any]] | None = None) -> None:
-        super().__init__(messages)
-        self.tools = tools
+    Reads as the sequence of its messages (``len``, indexing, iteration), which is what the chat
+    template renders; ``tools`` travels with them to the template's ``tools`` argument.
+    """
 
-    def __reduce__(self):
-        return (Conversation, (list(self), self.tools))
+    messages: tuple[dict[str, Any], ...]
+    tools: list[dict[str, Any]] | None = None
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[dict[str, Any], ...]: ...
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | tuple[dict[str, Any], ...]:
+        return self.messages[index]
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.messages)
 
     @property
     def has_tool_calls(self) -> bool:
-        return any(m.get("tool_calls") for m in self)
+        return any(m.get("tool_calls") for m in self.messages)
 
 
 def _string_field(record: dict[str, Any], key: str) -> str:
@@ -60,12 +76,12 @@ def _with_system(record: dict[str, Any], user: str, assistant: str) -> Conversat
     if not assistant.strip():
         raise RecordProblem("empty_assistant_turn", "the output/response is empty; an empty answer "
                             "would be trained")
-    messages = Conversation()
+    messages = []
     if record.get("system") is not None:
         messages.append({"role": "system", "content": _string_field(record, "system")})
     messages.append({"role": "user", "content": user})
     messages.append({"role": "assistant", "content": assistant})
-    return messages
+    return Conversation(tuple(messages))
 
 
 def _check_tool_calls(k: int, calls: Any) -> list[dict[str, Any]]:
@@ -111,7 +127,7 @@ def _check_message(k: int, msg: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"role": role, "content": content}
     if calls is not None:
         out["tool_calls"] = _check_tool_calls(k, calls)
-    elif role == "assistant" and not content.strip():
+    elif role == "assistant" and isinstance(content, str) and not content.strip():
         raise RecordProblem(
             "empty_assistant_turn",
             f"message {k} (assistant) has empty content and no tool_calls; an empty turn would "
@@ -139,7 +155,8 @@ def _check_messages(raw: Any, tools: Any = None) -> Conversation:
         raise RecordProblem("invalid_field", f"'messages' is {type(raw).__name__}, expected a list")
     if not raw:
         raise RecordProblem("empty_conversation", "'messages' is an empty list")
-    messages = Conversation([_check_message(k, msg) for k, msg in enumerate(raw)], _check_tools(tools))
+    messages = Conversation(tuple(_check_message(k, msg) for k, msg in enumerate(raw)),
+                            _check_tools(tools))
     if not any(m["role"] == "assistant" for m in messages):
         raise RecordProblem("no_assistant_turn", "no message has role 'assistant'")
     return messages

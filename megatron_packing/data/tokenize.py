@@ -28,6 +28,8 @@ from typing import Any
 import jinja2
 import numpy as np
 
+from megatron_packing.validation import require_int
+
 from .errors import LOSS_ON_CHOICES, SPECIAL_TOKENS_IN_CONTENT_CHOICES, RecordProblem, check_choice
 from .records import Conversation, Messages
 
@@ -134,7 +136,9 @@ class ChatEncoder:
         specials = sorted({t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
                            if getattr(t, "special", False)} | set(tokenizer.all_special_tokens),
                           key=len, reverse=True)
-        self._special_re = re.compile("|".join(map(re.escape, specials))) if specials else None
+        # Longest first, so a token is not matched by a shorter one it starts with; "(?!)"
+        # (matches nothing) when the tokenizer has no special tokens.
+        self._special_re = re.compile("|".join(map(re.escape, specials)) if specials else "(?!)")
 
     @staticmethod
     def check_options(loss_on: str, max_length: int | None,
@@ -143,10 +147,7 @@ class ChatEncoder:
         check_choice("loss_on", loss_on, LOSS_ON_CHOICES)
         check_choice("special_tokens_in_content", special_tokens_in_content,
                      SPECIAL_TOKENS_IN_CONTENT_CHOICES)
-        if max_length is not None and (
-            isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2
-        ):
-            raise ValueError(f"max_length must be an int >= 2 or None, got {max_length!r}")
+        require_int("max_length", max_length, minimum=2, allow_none=True, error=ValueError)
 
     @property
     def method(self) -> str:
@@ -154,8 +155,6 @@ class ChatEncoder:
 
     def has_special_text(self, messages: Messages) -> bool:
         """Whether some message content contains a special token's text."""
-        if self._special_re is None:
-            return False
         return any(isinstance(m.get("content"), str) and self._special_re.search(m["content"])
                    for m in messages)
 
@@ -197,9 +196,9 @@ class ChatEncoder:
     # -- internals ----------------------------------------------------------------------
     def _unsupported(self, messages: Messages) -> RecordProblem | None:
         if self.has_special_text(messages) and self.special_tokens_in_content == "error":
-            k = next(k for k, m in enumerate(messages)
-                     if isinstance(m.get("content"), str) and self._special_re.search(m["content"]))
-            found = self._special_re.search(messages[k]["content"]).group(0)
+            k, found = next((k, match.group(0)) for k, m in enumerate(messages)
+                            if isinstance(m.get("content"), str)
+                            and (match := self._special_re.search(m["content"])))
             return RecordProblem(
                 "special_token_in_content",
                 f"message {k} ({messages[k]['role']}) content contains the control token text "
@@ -383,7 +382,7 @@ class ChatEncoder:
                                         "characters U+E000/U+E001, reserved for marking control-token text")
                 m = {**m, "content": self._special_re.sub(wrap, content)}
             out.append(m)
-        return Conversation(out, getattr(messages, "tools", None))
+        return Conversation(tuple(out), getattr(messages, "tools", None))
 
     def _plain_text_ids(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids of ``text`` with special tokens not recognised (after a newline, so a
@@ -399,7 +398,7 @@ class ChatEncoder:
 
 
 def _prefix(messages: Messages, n: int) -> Messages:
-    return Conversation(list(messages[:n]), getattr(messages, "tools", None))
+    return Conversation(tuple(messages[:n]), getattr(messages, "tools", None))
 
 
 def _span_mask(offsets: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndarray:

@@ -66,7 +66,8 @@ def _cpu_current_device() -> str:
 class _CudaFactoriesOnCpu(TorchFunctionMode):
     """Rewrites ``device="cuda"`` keyword arguments of torch calls to ``"cpu"``."""
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None):
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         device = kwargs.get("device")
         if device is not None and torch.device(device).type == "cuda":
@@ -88,7 +89,8 @@ class _OptimizerTensorTypes(TorchFunctionMode):
     Workarounds 4 and 5 (entered on CPU only, by `megatron_optimizer_compat`).
     """
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None):
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         if len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor):
             tensor = args[0]

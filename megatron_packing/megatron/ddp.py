@@ -19,6 +19,7 @@ from megatron_packing.megatron.cpu_workarounds import megatron_optimizer_compat
 if TYPE_CHECKING:
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import MegatronOptimizer, OptimizerConfig
+    from megatron.core.transformer.module import MegatronModule
 
 
 def is_megatron_ddp(model: torch.nn.Module) -> bool:
@@ -28,7 +29,7 @@ def is_megatron_ddp(model: torch.nn.Module) -> bool:
     return isinstance(model, DistributedDataParallel)
 
 
-def wrap_in_ddp(model: torch.nn.Module, ddp_config: DistributedDataParallelConfig
+def wrap_in_ddp(model: MegatronModule, ddp_config: DistributedDataParallelConfig
                 ) -> DistributedDataParallel:
     """Wrap a megatron-core model whose config divides by the global loss-token count once.
 

@@ -158,6 +158,7 @@ def broadcast_batch_across_tp(batch: Mapping[str, Any] | None,
     total, n_cu, has_mask = (int(v) for v in header.tolist())
 
     if is_src:
+        assert batch is not None  # refused above on the source rank
         rows = torch.cat([batch["tokens"], batch["labels"], batch["position_ids"]]).to(device)
         loss_mask = batch["loss_mask"].to(device)
         bounds = torch.cat([batch["cu_seqlens"].reshape(-1), batch["cu_seqlens_padded"].reshape(-1),

@@ -37,6 +37,8 @@ from collections.abc import Callable
 import torch
 
 LossReport = dict[str, torch.Tensor]
+LossFunc = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, LossReport]]
+"""One micro-batch's loss in the schedule's protocol: (loss, loss tokens, report to reduce)."""
 
 
 def masked_loss_sum(per_token_loss: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
@@ -45,11 +47,8 @@ def masked_loss_sum(per_token_loss: torch.Tensor, loss_mask: torch.Tensor) -> to
     return (per_token_loss * mask).sum()
 
 
-def loss_divisor(global_loss_tokens: int | None) -> float:
-    """N as a divisor: refuse an unknown (None) or negative count instead of guessing one.
-
-    A step with N = 0 trains nothing (every loss term is zero), so 1 is used to avoid 0 / 0.
-    """
+def loss_token_count(global_loss_tokens: int | None) -> int:
+    """N as an int: refuse an unknown (None) or negative count instead of guessing one."""
     if global_loss_tokens is None:
         raise ValueError(
             "the step's global loss-token count is unknown (None), so the loss cannot be divided "
@@ -59,13 +58,21 @@ def loss_divisor(global_loss_tokens: int | None) -> float:
     if isinstance(global_loss_tokens, bool) or int(global_loss_tokens) != global_loss_tokens \
             or global_loss_tokens < 0:
         raise ValueError(f"global_loss_tokens must be a count >= 0, got {global_loss_tokens!r}")
-    return float(max(int(global_loss_tokens), 1))
+    return int(global_loss_tokens)
+
+
+def loss_divisor(global_loss_tokens: int | None) -> float:
+    """N as a divisor (see `loss_token_count` for what is refused).
+
+    A step with N = 0 trains nothing (every loss term is zero), so 1 is used to avoid 0 / 0.
+    """
+    return float(max(loss_token_count(global_loss_tokens), 1))
 
 
 def make_loss_func(
     loss_mask: torch.Tensor, global_loss_tokens: int | None, *, grad_reduce_divisor: int = 1,
     raw_sum: bool = False,
-) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, LossReport]]:
+) -> LossFunc:
     """Loss function for one micro-batch, in the schedule's 3-tuple protocol.
 
     ``global_loss_tokens`` is N from the step's metadata; ``None`` (unknown) is refused.
@@ -98,7 +105,8 @@ def reduce_reported_loss(reports: list[LossReport], global_loss_tokens: int | No
     divided by the counted tokens, as megatron-core DDP does, a wrong N would make the logged
     loss and the gradient disagree).
     """
-    divisor = loss_divisor(global_loss_tokens)
+    expected = loss_token_count(global_loss_tokens)
+    divisor = loss_divisor(expected)
     local = torch.zeros(2, dtype=torch.float64)  # [token-loss sum, loss tokens]
     for report in reports:
         local[0] += report["loss_sum"]
@@ -106,7 +114,7 @@ def reduce_reported_loss(reports: list[LossReport], global_loss_tokens: int | No
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(local, group=group)
     counted = int(local[1].item())
-    if check_tokens and counted != int(global_loss_tokens):
+    if check_tokens and counted != expected:
         raise ValueError(f"the loss masks hold {counted} loss tokens over all ranks but the "
                          f"step metadata says num_loss_tokens={global_loss_tokens}")
     return float(local[0].item()) / divisor

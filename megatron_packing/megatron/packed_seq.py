@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from megatron_packing.packed.collate import PackedMicroBatch
+from megatron_packing.validation import require_int
 
 if TYPE_CHECKING:
     from megatron.core.packed_seq_params import PackedSeqParams
@@ -27,12 +28,16 @@ def default_device() -> torch.device:
 
 
 def _as_int(value: int | torch.Tensor, name: str) -> int:
-    """A plain int from an int or a one-element tensor (Megatron-LM sends ``max_seqlen`` as [1])."""
+    """A plain int >= 0 from an int or a one-element integer tensor (Megatron-LM sends
+    ``max_seqlen`` as [1])."""
+    plain: object = value
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise ValueError(f"{name} must hold one value, got shape {tuple(value.shape)}")
-        return int(value.reshape(-1)[0].item())
-    return int(value)
+        plain = value.reshape(-1)[0].item()
+    number = require_int(name, plain, minimum=0, error=ValueError)
+    assert number is not None  # allow_none is off
+    return number
 
 
 def packed_seq_params(source: PackedMicroBatch | Mapping[str, Any],

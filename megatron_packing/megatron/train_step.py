@@ -20,6 +20,7 @@ Two model kinds, one entry point:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -31,12 +32,14 @@ from megatron_packing.megatron.cpu_workarounds import (
     megatron_optimizer_compat,
 )
 from megatron_packing.megatron.ddp import is_megatron_ddp, wire_megatron_grad_sync
-from megatron_packing.megatron.loss import make_loss_func, reduce_reported_loss
+from megatron_packing.megatron.loss import LossFunc, make_loss_func, reduce_reported_loss
 from megatron_packing.megatron.model import per_token_loss
-from megatron_packing.packed.collate import PackedBatch
+from megatron_packing.packed.collate import PackedBatch, PackedMicroBatch
 
 if TYPE_CHECKING:
     from megatron.core.optimizer import MegatronOptimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+    from megatron.core.transformer.module import MegatronModule
 
 
 @dataclass
@@ -53,24 +56,25 @@ def sum_gradients_across_dp(model: torch.nn.Module, group: dist.ProcessGroup | N
     """All-reduce (SUM) every gradient over the DP group, as one flat buffer per dtype."""
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return
-    params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
-    for p in params:
-        by_dtype.setdefault(p.grad.dtype, []).append(p)
-    for group_params in by_dtype.values():
-        flat = torch.cat([p.grad.reshape(-1) for p in group_params])
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        grad = p.grad
+        if grad is None:
+            grad = p.grad = torch.zeros_like(p)
+        by_dtype.setdefault(grad.dtype, []).append(grad)
+    for grads in by_dtype.values():
+        flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat, group=group)
         offset = 0
-        for p in group_params:
-            n = p.grad.numel()
-            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[offset:offset + n].view_as(g))
             offset += n
 
 
-def _finalize_grads_sum(group: dist.ProcessGroup | None):
+def _finalize_grads_sum(group: dist.ProcessGroup | None) -> Callable[..., None]:
     """The schedule's ``finalize_model_grads_func``: a plain SUM over DP, no token rescaling."""
 
     def finalize(models: list[torch.nn.Module], num_tokens: torch.Tensor | None = None,
@@ -81,7 +85,7 @@ def _finalize_grads_sum(group: dist.ProcessGroup | None):
     return finalize
 
 
-def forward_backward(model: torch.nn.Module, batch: PackedBatch, *,
+def forward_backward(model: MegatronModule, batch: PackedBatch, *,
                      dp_group: dist.ProcessGroup | None = None, thd: bool = False,
                      loss_from_logits: bool = False, forward_only: bool = False) -> float:
     """Run this rank's micro-batches through the schedule; gradients end up DP-reduced.
@@ -112,7 +116,8 @@ def forward_backward(model: torch.nn.Module, batch: PackedBatch, *,
     else:
         config.finalize_model_grads_func = _finalize_grads_sum(dp_group)
 
-    def forward_step(data_iterator, chunk):
+    def forward_step(data_iterator: Iterator[PackedMicroBatch], chunk: MegatronModule
+                     ) -> tuple[torch.Tensor, LossFunc]:
         mb = next(data_iterator)
         losses = per_token_loss(chunk, mb, thd=thd, loss_from_logits=loss_from_logits)
         # With DDP, finalize_model_grads divides by the all-reduced token count: a raw sum.
@@ -143,8 +148,9 @@ def _drop_stale_grads(model: torch.nn.Module) -> None:
         param.grad = None
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer | MegatronOptimizer,
-               batch: PackedBatch, *, scheduler: object | None = None,
+def train_step(model: MegatronModule, optimizer: torch.optim.Optimizer | MegatronOptimizer,
+               batch: PackedBatch, *,
+               scheduler: torch.optim.lr_scheduler.LRScheduler | OptimizerParamScheduler | None = None,
                dp_group: dist.ProcessGroup | None = None, clip_grad: float | None = None,
                thd: bool = False, loss_from_logits: bool = False) -> StepResult:
     """Zero grads, forward/backward with DP-reduced gradients, (clip,) optimizer step, LR step.
@@ -167,7 +173,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer | Megatr
     if clip_grad:
         norm = float(torch.nn.utils.clip_grad_norm_(params, clip_grad))
     else:
-        norm = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in params))
+        grads = [p.grad for p in params if p.grad is not None]
+        norm = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads))
     lr = float(optimizer.param_groups[0]["lr"])
     optimizer.step()
     if scheduler is not None:
@@ -181,8 +188,10 @@ def _is_megatron_optimizer(optimizer: object) -> bool:
     return isinstance(optimizer, MegatronOptimizer)
 
 
-def _train_step_megatron_ddp(model: torch.nn.Module, optimizer: MegatronOptimizer,
-                             batch: PackedBatch, *, scheduler: object | None,
+def _train_step_megatron_ddp(model: MegatronModule, optimizer: MegatronOptimizer,
+                             batch: PackedBatch, *,
+                             scheduler: torch.optim.lr_scheduler.LRScheduler
+                             | OptimizerParamScheduler | None,
                              dp_group: dist.ProcessGroup | None, clip_grad: float | None,
                              thd: bool, loss_from_logits: bool) -> StepResult:
     """Megatron-LM's ``train_step`` for one packed step: the gradients are never in ``.grad``."""

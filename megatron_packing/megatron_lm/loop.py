@@ -151,21 +151,26 @@ def evaluate(make_valid_steps: Callable[[], Iterator[PackedBatch]], *, eval_iter
     """Token-mean loss over ``eval_iters`` fixed-size validation steps; training state untouched."""
     for chunk in model:
         chunk.eval()
-    totals = []
+    loss_sum, tokens = 0.0, 0
+    known = True  # False off the last pipeline stage (no loss there) or with unknown counts
     try:
         with torch.no_grad():
             for _, batch in zip(range(eval_iters), make_valid_steps(), strict=False):
                 outcome = run_step(batch, model=model, optimizer=None, scheduler=None,
                                    forward_step=forward_step, dp_size=dp_size,
                                    pad_token_id=pad_token_id, forward_only=True)
-                totals.append((outcome.loss, batch.meta.num_loss_tokens))
+                step_tokens = batch.meta.num_loss_tokens
+                if outcome.loss is None or step_tokens is None:
+                    known = False
+                else:  # the steps' token means, weighted back into one token mean
+                    loss_sum += outcome.loss * step_tokens
+                    tokens += step_tokens
     finally:
         for chunk in model:
             chunk.train()
-    tokens = sum(n for _, n in totals)
-    if not totals or totals[0][0] is None or tokens == 0:
+    if not known or tokens == 0:
         return float("nan")
-    return sum(loss * n for loss, n in totals) / tokens
+    return loss_sum / tokens
 
 
 def train(args: Any, *, model: list[Any], optimizer: Any, scheduler: Any, stream: TrainStream,

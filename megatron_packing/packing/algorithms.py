@@ -22,6 +22,8 @@ from typing import ClassVar
 
 import numpy as np
 
+from megatron_packing.validation import require_int
+
 from .alignment import Alignment
 from .fit import best_fit_decreasing, first_fit_decreasing, group_by_bin
 from .mffd import modified_first_fit_decreasing
@@ -90,11 +92,7 @@ def validate_lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
 
 
 def _optional_count(value: int | None, name: str, minimum: int) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
-        raise ValueError(f"{name} must be None or an integer >= {minimum}, got {value!r}")
-    return int(value)
+    return require_int(name, value, minimum=minimum, allow_none=True, error=ValueError)
 
 
 class SeqPacker(ABC):
@@ -273,13 +271,11 @@ class SeqPacker(ABC):
         can return None for a count that some packing could reach. Ignores
         ``min_bin_count`` and ``bin_count_multiple``.
         """
-        if isinstance(num_bins, bool) or not isinstance(num_bins, int | np.integer):
-            raise ValueError(f"num_bins must be an integer, got {num_bins!r}")
+        count = require_int("num_bins", num_bins, minimum=0, error=ValueError)
+        assert count is not None  # allow_none is off
+        num_bins = count
         sizes, own = self._prepare(lengths)
         n = len(sizes)
-        num_bins = int(num_bins)
-        if num_bins < 0:
-            raise ValueError(f"num_bins must be >= 0, got {num_bins}")
         if n == 0:
             return [] if num_bins == 0 else None
         if num_bins > n or num_bins < self._lower_bound(sizes, own):

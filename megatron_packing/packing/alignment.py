@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from megatron_packing.validation import require_positive_int
+
 FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
 
 
@@ -46,15 +48,12 @@ class Alignment:
 
     def __post_init__(self) -> None:
         for name in ("seq_multiple", "bin_multiple"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-            object.__setattr__(self, name, int(value))
+            object.__setattr__(self, name, _positive_int(getattr(self, name), name))
 
     def aligned_length(self, length: int) -> int:
         """``length`` rounded up to the per-sequence multiple."""
         m = self.seq_multiple
-        return -(-int(length) // m) * m
+        return -(-int(length) // m) * m  # -(-a // m) is ceil(a / m) in integers
 
     def aligned_lengths(self, lengths: Iterable[int] | np.ndarray) -> np.ndarray:
         """Vectorised :meth:`aligned_length`; returns int64."""
@@ -88,13 +87,16 @@ class Alignment:
     def max_sequence_length(self, bin_capacity: int) -> int:
         """Longest raw sequence whose aligned length still fits an empty bin."""
         usable = self.usable_capacity(bin_capacity)
+        # Rounding up to a multiple never passes the next multiple, so any length up to the
+        # largest multiple of seq_multiple within ``usable`` aligns to at most ``usable``.
         return (usable // self.seq_multiple) * self.seq_multiple
 
 
 def _positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
+    """``value`` as an int >= 1 (numpy integers accepted, bools refused), else a ValueError."""
+    number = require_positive_int(name, value, error=ValueError)
+    assert number is not None  # allow_none is off
+    return number
 
 
 def make_alignment(
@@ -112,14 +114,21 @@ def make_alignment(
             f"unknown fp8_recipe {fp8_recipe!r}; valid recipes: {', '.join(FP8_RECIPES)}"
         )
     if cp > 1:
+        # Context parallelism cuts every sequence into 2 x cp chunks (rank r holds chunks r and
+        # 2cp - 1 - r, which balances causal attention), and sequence parallelism splits each
+        # chunk over the tp ranks: every sequence must divide by 2 x tp x cp.
         seq = 2 * tp * cp
         bin_multiple = seq
         reasons = [f"context parallelism needs 2*tp*cp = {seq}"]
     else:
+        # Without CP only the packed row as a whole is split over the tp ranks.
         seq = 1
         bin_multiple = tp
         reasons = [f"sequence parallelism needs tp = {tp}"] if tp > 1 else []
     if fp8_enabled:
+        # FP8 GEMMs take the tokens each rank holds (the row divided by tp x cp) as a matrix
+        # dimension, which must be a multiple of the recipe's block (the table above), so the
+        # row divides by that block times tp x cp. Both rules must hold: hence the lcm.
         if recipe == "mxfp8":
             fp8 = 32 * tp * cp
             rule = "32*tp*cp"

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from megatron_packing.validation import require_positive_int
+
 DEFAULT_ATTENTION_COST_CONSTANT = 24576.0
 
 ASSIGN_METHODS = ("karmarkar_karp", "round_robin")
@@ -64,7 +66,9 @@ def _karmarkar_karp(costs: np.ndarray, dp_size: int) -> list[list[int]]:
     n = len(costs)
     order = np.argsort(-costs, kind="stable").tolist()
     values = costs.tolist()
-    heap = []
+    # Max-heap (negated spread) of partial solutions; the row/counter breaks ties by creation
+    # order, so the result does not depend on comparing the subset lists.
+    heap: list[tuple[float, int, list[tuple[float, list[int]]]]] = []
     for row, start in enumerate(range(0, n, dp_size)):
         members = order[start : start + dp_size]
         subsets = [(values[i], [i]) for i in members]  # heaviest first
@@ -73,10 +77,13 @@ def _karmarkar_karp(costs: np.ndarray, dp_size: int) -> list[list[int]]:
     heapq.heapify(heap)
     counter = len(heap)
     while len(heap) > 1:
+        # Differencing: the two most unbalanced partial solutions, merged so that their
+        # imbalances cancel (heaviest of one with lightest of the other). The merged spread is
+        # at most the larger of the two, so the largest spreads shrink first.
         _, _, a = heapq.heappop(heap)
         _, _, b = heapq.heappop(heap)
         merged = [(ca + cb, ia + ib) for (ca, ia), (cb, ib) in zip(a, reversed(b), strict=True)]
-        merged.sort(key=lambda sub: (-sub[0], min(sub[1])))
+        merged.sort(key=lambda sub: (-sub[0], min(sub[1])))  # heaviest first again
         heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), counter, merged))
         counter += 1
     return [sorted(ids) for _, ids in heap[0][2]]
@@ -92,8 +99,9 @@ def assign_bins_to_ranks(
     ``i % dp``): both are computed and the one with the lower maximum rank cost is kept.
     Deterministic; ids inside each rank ascending; ranks ordered by their smallest bin id.
     """
-    if isinstance(dp_size, bool) or not isinstance(dp_size, int | np.integer) or dp_size < 1:
-        raise ValueError(f"dp_size must be an integer >= 1, got {dp_size!r}")
+    ranks = require_positive_int("dp_size", dp_size, error=ValueError)
+    assert ranks is not None  # allow_none is off
+    dp_size = ranks
     if method not in ASSIGN_METHODS:
         raise ValueError(f"unknown method {method!r}; valid methods: {', '.join(ASSIGN_METHODS)}")
     c = np.asarray(costs, dtype=np.float64)

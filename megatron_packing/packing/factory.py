@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from megatron_packing.validation import require_positive_int
+
 from .algorithms import (
     BFDPacker,
     FFDPacker,
@@ -36,9 +38,9 @@ def make_seq_packer(
 
 
 def _at_least_one(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return value
+    number = require_positive_int(name, value, error=ValueError)
+    assert number is not None  # allow_none is off
+    return number
 
 
 def make_sft_sequence_packer(

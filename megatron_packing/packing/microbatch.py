@@ -21,6 +21,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from megatron_packing.validation import require_positive_int
+
 SplitMethod = Literal["greedy", "balanced"]
 SPLIT_METHODS: tuple[str, ...] = ("greedy", "balanced")
 DEFAULT_SPLIT_METHOD: SplitMethod = "greedy"
@@ -59,15 +61,10 @@ def example_lengths(all_input_ids: Any) -> np.ndarray:
 
 
 def _check_budget(max_tokens: Any) -> int:
-    if (
-        isinstance(max_tokens, bool)
-        or not isinstance(max_tokens, int | np.integer)
-        or max_tokens <= 0
-    ):
-        raise ValueError(
-            f"max_tokens must be a positive integer (tokens per micro-batch), got {max_tokens!r}"
-        )
-    return int(max_tokens)
+    """The token budget per micro-batch as an int >= 1."""
+    budget = require_positive_int("max_tokens", max_tokens, error=ValueError)
+    assert budget is not None  # allow_none is off
+    return budget
 
 
 def _check_indices(sorted_indices: Iterable[int], num_examples: int) -> np.ndarray:
@@ -113,6 +110,8 @@ def _greedy_cuts(run_lengths: np.ndarray, budget: int) -> list[int]:
     count = 0
     longest = 0
     for position, length in enumerate(run_lengths.tolist()):
+        # A padded micro-batch costs count x its longest example; adding one example can raise
+        # both factors. A lone example over the budget still gets its own micro-batch.
         new_longest = max(longest, length)
         if count > 0 and (count + 1) * new_longest > budget:
             starts.append(position)
@@ -137,6 +136,8 @@ def _balanced_cuts(run_lengths: np.ndarray, budget: int) -> list[int]:
     fitting = run_lengths[run_lengths <= budget]
     low = int(fitting.max()) if fitting.size else 1  # no cap below the longest example that fits
     high = budget
+    # The greedy's count only falls as the cap rises, so the caps that reach ``target`` form an
+    # interval [c*, budget]: bisect for its start.
     while low < high:
         middle = (low + high) // 2
         if len(_greedy_cuts(run_lengths, middle)) <= target:
@@ -176,16 +177,10 @@ def make_token_balanced_microbatches(
 
 def fixed_size_microbatches(indices: Sequence[int], micro_batch_size: int) -> list[list[int]]:
     """Consecutive chunks of ``micro_batch_size`` examples (the last may be shorter)."""
-    if (
-        isinstance(micro_batch_size, bool)
-        or not isinstance(micro_batch_size, int)
-        or micro_batch_size <= 0
-    ):
-        raise ValueError(f"micro_batch_size must be a positive integer, got {micro_batch_size!r}")
+    size = require_positive_int("micro_batch_size", micro_batch_size, error=ValueError)
+    assert size is not None  # allow_none is off
     items = list(indices)
-    return [
-        items[start : start + micro_batch_size] for start in range(0, len(items), micro_batch_size)
-    ]
+    return [items[start : start + size] for start in range(0, len(items), size)]
 
 
 # --------------------------------------------------------------------------- results
@@ -218,13 +213,13 @@ def restore_input_order(
             got = "None" if produced is None else len(produced)
             raise ValueError(f"micro-batch {number}: {len(group)} examples but {got} outputs")
         for index, value in zip(group, produced, strict=True):
-            position = position_of.get(int(index))
-            if position is None:
+            slot = position_of.get(int(index))
+            if slot is None:
                 raise ValueError(f"micro-batch {number} holds index {index}, which is not an input")
-            if filled[position]:
+            if filled[slot]:
                 raise ValueError(f"index {index} appears in two micro-batches")
-            result[position] = value
-            filled[position] = True
+            result[slot] = value
+            filled[slot] = True
     if not all(filled):
         missing = [int(input_indices[p]) for p, done in enumerate(filled) if not done]
         raise ValueError(f"no output for input indices {missing[:10]}")

@@ -34,10 +34,13 @@ def split_to_count(bins: list[list[int]], sizes: list[int], target: int) -> list
     sorted ascending.
     """
     bins = [list(b) for b in bins]
+    # Max-heap by load (negated), ties to the lowest bin index; single items cannot split.
     heap = [(-sum(sizes[i] for i in b), idx) for idx, b in enumerate(bins) if len(b) >= 2]
     heapify(heap)
     while len(bins) < target and heap:
         _, idx = heappop(heap)
+        # Largest first, each item into the lighter half (the LPT rule) keeps the halves
+        # near-equal; each half is a subset of a fitting bin, so it fits too.
         items = sorted(bins[idx], key=lambda i: (-sizes[i], i))
         first: list[int] = []
         second: list[int] = []
@@ -62,14 +65,14 @@ def _repair(bins: list[list[int]], sizes: list[int], capacity: int, pending: lis
     """Place ``pending`` items (ids into ``sizes``) into ``bins`` by bounded evictions."""
     loads = [sum(sizes[i] for i in b) for b in bins]
     if sum(sizes[i] for i in pending) > capacity * len(bins) - sum(loads):
-        return False
+        return False  # not enough free room in total: no sequence of moves can succeed
     heap = [(-sizes[i], i) for i in pending]
     heapify(heap)
     evictions = 0
     while heap:
-        neg_s, x = heappop(heap)
+        neg_s, x = heappop(heap)  # largest pending item first
         s = -neg_s
-        best_bin, best_room = -1, capacity + 1
+        best_bin, best_room = -1, capacity + 1  # best fit: the tightest room that holds x
         for b, load in enumerate(loads):
             room = capacity - load
             if s <= room < best_room:
@@ -81,7 +84,8 @@ def _repair(bins: list[list[int]], sizes: list[int], capacity: int, pending: lis
         evictions += 1
         if evictions > REPAIR_BUDGET:
             return False
-        # Evict the smallest item y < s whose removal makes room for x.
+        # Evict the smallest item y < s whose removal makes room for x. The pending total then
+        # drops by s - y > 0, so repairs make progress; the budget bounds their number.
         victim, victim_bin, victim_size = -1, -1, s
         for b, items in enumerate(bins):
             need = s - (capacity - loads[b])
@@ -106,7 +110,7 @@ def fit_into_count(sizes: np.ndarray, capacity: int, k: int) -> list[list[int]] 
     n = len(sizes)
     if k <= 0 or n < k:
         return None
-    best: tuple[np.ndarray, list[int], int] | None = None
+    best: tuple[np.ndarray, list[int], int] | None = None  # (bin_of, left over, their total)
     for kernel in (first_fit_decreasing, best_fit_decreasing, worst_fit_decreasing):
         bin_of, _ = kernel(sizes, capacity, k)
         left = bin_of < 0

@@ -100,7 +100,8 @@ def contiguous_path_bounds(lengths: np.ndarray, *, batch_size: int, capacity: in
     fewest = {0: 0}  # the same boundary -> fewest bins so far
     for j in range(1, steps + 1):
         offsets = [0] if j == steps else range(-v, v + 1)  # the last step repays the drift
-        next_most, next_fewest = {}, {}
+        next_most: dict[int, int] = {}
+        next_fewest: dict[int, int] = {}
         for d1 in offsets:
             for d0 in most:
                 if abs(d1 - d0) > v:

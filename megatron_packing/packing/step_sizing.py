@@ -31,15 +31,22 @@ Pure numpy: no torch, no ranks, no files.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from megatron_packing.packing.algorithms import SeqPacker
+from megatron_packing.validation import require_int
 
 STEP_NORMAL = "normal"
 STEP_EPOCH_TAIL = "epoch_tail"  # the epoch's last step: takes what remains
 STEP_RUN_FINAL = "run_final"  # the run's last scheduled step: repays the drift exactly
+
+SegmentBounds = Callable[[np.ndarray, np.ndarray], np.ndarray]
+"""(starts, ends) -> a lower bound on the bins of each stream segment ``[start, end)``."""
+SegmentTest = Callable[[np.ndarray, np.ndarray], np.ndarray]
+"""(starts, ends) -> whether each stream segment ``[start, end)`` packs into a multiple of dp."""
 
 
 @dataclass(frozen=True)
@@ -71,9 +78,13 @@ class StepContext:
         if self.kind == STEP_RUN_FINAL:
             size = max(1, min(batch - drift, cap))
             return size, size, size
+        # Two windows intersect: the size itself within B +- v, and the drift after the step,
+        # drift + size - B, within +-v. The cap may squeeze the window below B - v near the
+        # epoch's end; lowest then follows it down.
         lowest = max(batch - v, batch - v - drift, 1)
         highest = min(batch + v, batch + v - drift, cap)
         lowest = min(lowest, highest)
+        # B - drift would bring the drift back to 0: the nominal size, clipped into the window.
         target = min(max(batch - drift, lowest), highest)
         return lowest, highest, target
 
@@ -153,16 +164,15 @@ class StepSizer:
         full_search_examples: int = FULL_SEARCH_EXAMPLES,
         exact_lookahead_examples: int = EXACT_LOOKAHEAD_EXAMPLES,
     ) -> None:
-        if dp_size < 1:
-            raise ValueError(f"dp_size must be >= 1, got {dp_size}")
-        if max_deferred < 0:
-            raise ValueError(f"max_deferred must be >= 0, got {max_deferred}")
+        dp = require_int("dp_size", dp_size, minimum=1, error=ValueError)
+        deferred = require_int("max_deferred", max_deferred, minimum=0, error=ValueError)
+        assert dp is not None and deferred is not None  # allow_none is off
         self.packer = packer
-        self.dp_size = int(dp_size)
+        self.dp_size = dp
         self.max_packs = None if max_packs is None else int(max_packs)
         self.bound_slack = int(bound_slack)
         self.horizon = max(1, int(horizon))
-        self.max_deferred = int(max_deferred)
+        self.max_deferred = deferred
         self.full_search_examples = int(full_search_examples)
         self.exact_lookahead_examples = int(exact_lookahead_examples)
         self.unlikely_packs = 3  # the fast path's budget when no size's bound is a multiple of dp
@@ -177,6 +187,9 @@ class StepSizer:
         if self.max_packs is None:
             return None
         sizes = highest - lowest + 1
+        # Packing is about linear in the examples packed, so packing every size costs about
+        # sizes x highest example placements: below the threshold a full search is affordable
+        # and the step is never behind one that packs every size.
         if sizes * highest <= self.full_search_examples:
             return None
         return self.max_packs
@@ -184,6 +197,8 @@ class StepSizer:
     def exact_lookahead(self, lowest: int, highest: int) -> bool:
         """Plan ahead with real packer counts? Only when the whole window is searched anyway."""
         sizes = highest - lowest + 1
+        # The next step's segments run from each candidate boundary to each boundary after it:
+        # about sizes^2 segments of up to highest examples each (memoised across steps).
         return (self.budget(lowest, highest) is None
                 and sizes * sizes * highest <= self.exact_lookahead_examples)
 
@@ -196,6 +211,7 @@ class StepSizer:
     def _promising(self, bound: int) -> bool:
         """Could this prefix pack into a multiple of dp? (Its count is rarely above bound + slack.)"""
         dp = self.dp_size
+        # -(-a // b) is ceil(a / b) in integers; a step needs at least dp bins (one per rank).
         first_multiple = max(dp, -(-bound // dp) * dp)
         return first_multiple <= bound + self.bound_slack
 
@@ -207,6 +223,8 @@ class StepSizer:
         dp = self.dp_size
         if count % dp == 0 and count >= dp:
             return bins, True
+        # The natural count overshoots. A multiple of dp at or above the lower bound but below
+        # the natural count may still be reachable by a packing capped at that many bins.
         target = max(dp, -(-bound // dp) * dp)
         if target < count:
             tighter = self.packer.pack_to_count(lengths, target)
@@ -214,11 +232,14 @@ class StepSizer:
                 return tighter, True
         return bins, False
 
-    def _segment(self, lengths: np.ndarray, start: int, end: int, estimate) -> tuple[list[list[int]], bool]:
+    def _segment(self, lengths: np.ndarray, start: int, end: int,
+                 estimate: SegmentBounds) -> tuple[list[list[int]], bool]:
         """`_evaluate` of lengths[start:end], memoised by content across steps."""
         segment = lengths[start:end]
         key = segment.tobytes()
         hit = self._memo.get(key)
+        # Keyed by the lengths themselves, not by position: the next step sees the same examples
+        # at other offsets, and the result depends only on the lengths.
         if hit is None:
             bound = int(estimate(np.array([start]), np.array([end]))[0])
             bins, flag = self._evaluate(segment, bound)
@@ -228,7 +249,7 @@ class StepSizer:
             self._runs += 1
             self._memo[key] = hit
             self._memo_examples += len(segment)
-            while self._memo_examples > MEMO_EXAMPLES:
+            while self._memo_examples > MEMO_EXAMPLES:  # least recently used first
                 _, (old_bins, _) = self._memo.popitem(last=False)
                 self._memo_examples -= sum(len(b) for b in old_bins)
         else:
@@ -243,7 +264,7 @@ class StepSizer:
         if target == count:
             return bins, 0
         items = len(lengths)
-        if items >= target:
+        if items >= target:  # more bins than the natural count: balanced splits of the heaviest
             split = self.packer.pack_to_count(lengths, target)
             if split is not None and len(split) == target:
                 return split, 0
@@ -253,42 +274,38 @@ class StepSizer:
         return spread + [[] for _ in range(placeholders)], placeholders
 
     # ------------------------------------------------------------------ planning ahead
-    def _segment_estimator(self, aligned: np.ndarray):
+    def _segment_estimator(self, aligned: np.ndarray) -> SegmentBounds:
         """A function (starts, ends) -> lower bounds on the bins of stream segments, O(1) each.
 
-        The largest of: tokens over the capacity; one bin per example above half the capacity
-        plus the bins the rest need beyond the room those leave; and, for t = 2 and 3, the examples
-        above C / (t + 1) over t (no bin holds more than t of them). The packers here reach this
-        bound on most real steps, so it doubles as the estimate used to plan ahead.
+        The largest of: tokens over the capacity (no bin holds more than C); and, for t = 1, 2
+        and 3, the examples above C / (t + 1) over t, rounded up (t + 1 of them exceed C, so no
+        bin holds more than t: with t = 1, every example above half the capacity has a bin of
+        its own). Own-bin oversize examples add one bin each. The packers here reach this bound
+        on most real steps, so it doubles as the estimate used to plan ahead.
         """
         capacity = self.capacity
         oversize = aligned > capacity
         zero = np.zeros(1, dtype=np.int64)
 
+        # Prefix sums turn every segment's total into two lookups: total[s:e] = p[e] - p[s].
         def prefix(values: np.ndarray) -> np.ndarray:
             return np.concatenate((zero, np.cumsum(values, dtype=np.int64)))
 
-        large = (aligned > capacity // 2) & ~oversize
         tokens = prefix(np.where(oversize, 0, aligned))
         own = prefix(oversize)
-        large_count = prefix(large)
-        large_tokens = prefix(np.where(large, aligned, 0))
-        above = {t: prefix((aligned * (t + 1) > capacity) & ~oversize) for t in (2, 3)}
+        crowded = {t: prefix((aligned * (t + 1) > capacity) & ~oversize) for t in (1, 2, 3)}
 
         def estimate(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-            t = tokens[ends] - tokens[starts]
-            lc = large_count[ends] - large_count[starts]
-            lt = large_tokens[ends] - large_tokens[starts]
-            bound = np.maximum(-(-t // capacity),
-                               lc + -(-np.maximum(t - lt - (lc * capacity - lt), 0) // capacity))
-            for per_bin, counts in above.items():
+            bound = -(-(tokens[ends] - tokens[starts]) // capacity)  # ceil(tokens / C)
+            for per_bin, counts in crowded.items():
                 bound = np.maximum(bound, -(-(counts[ends] - counts[starts]) // per_bin))
             return bound + own[ends] - own[starts]
 
         return estimate
 
-    def _future_alignment(self, aligns, available: int, context: StepContext,
-                          sizes: list[int], aligns_later=None) -> dict[int, int]:
+    def _future_alignment(self, aligns: SegmentTest, available: int, context: StepContext,
+                          sizes: list[int], aligns_later: SegmentTest | None = None
+                          ) -> dict[int, int]:
         """For each candidate size: how many of the next steps can still align after it.
 
         Boundary j of the next few steps may sit anywhere within +-v of its nominal place
@@ -300,36 +317,44 @@ class StepSizer:
         """
         batch, v = context.batch_size, context.variation
         # Boundary positions of later steps, layer by layer (relative to the current position).
+        # The stream stands at (steps taken) x B + drift, so the boundary after ``layer`` more
+        # steps, ``offset`` from its nominal place, is ``layer x B - drift + offset`` ahead.
         layers: list[tuple[np.ndarray, np.ndarray, bool]] = []  # (offsets, positions, is_tail)
         step_context = context.after(sizes[0]) if sizes else None
         for layer in range(2, self.horizon + 1):
             if step_context is None:
                 break
             kind = step_context.kind
-            if kind == STEP_EPOCH_TAIL:
+            if kind == STEP_EPOCH_TAIL:  # the epoch's last step ends exactly at its end
                 offsets = np.zeros(1, dtype=np.int64)
                 positions = np.array([context.remaining], dtype=np.int64)
-            else:
+            else:  # +-v while the drift may float; 0 for the run's final step, which repays it
                 offsets = (np.arange(-v, v + 1, dtype=np.int64) if kind == STEP_NORMAL
                            else np.zeros(1, dtype=np.int64))
                 positions = layer * batch - context.drift + offsets
+                # Leave at least one example for each later step of the epoch.
                 keep = positions <= context.remaining - (step_context.steps_left_in_epoch - 1)
                 offsets, positions = offsets[keep], positions[keep]
-            keep = positions <= available
+            keep = positions <= available  # only what was read ahead can be judged
             offsets, positions = offsets[keep], positions[keep]
             if positions.size == 0:
                 break
             layers.append((offsets, positions, kind == STEP_EPOCH_TAIL))
+            # Only the kind of the following steps matters here, not their drift.
             step_context = replace(step_context, drift=0).after(batch)
 
-        def best_onward(offsets, positions, nxt, best_after, judge):
+        def best_onward(offsets: np.ndarray, positions: np.ndarray,
+                        nxt: tuple[np.ndarray, np.ndarray, bool], best_after: np.ndarray,
+                        judge: SegmentTest) -> np.ndarray:
             """Most aligned steps from each boundary, over the step to the next layer and on."""
             next_offsets, next_positions, next_tail = nxt
+            # A step takes at least one example, and its size B + (offset change) stays within
+            # B +- v, so consecutive offsets differ by at most v (the tail takes what is left).
             valid = next_positions[None, :] - positions[:, None] >= 1
             if not next_tail:
                 valid &= np.abs(next_offsets[None, :] - offsets[:, None]) <= v
             rows, cols = np.nonzero(valid)
-            gain = np.full(valid.shape, -1, dtype=np.int64)
+            gain = np.full(valid.shape, -1, dtype=np.int64)  # -1: no valid step (never chosen)
             ok = judge(positions[rows], next_positions[cols]).astype(np.int64)
             gain[rows, cols] = ok + best_after[cols]
             return gain.max(axis=1)
@@ -342,6 +367,7 @@ class StepSizer:
         for index in range(len(layers) - 2, -1, -1):
             best = best_onward(layers[index][0], layers[index][1], layers[index + 1], best,
                                aligns_later or aligns)
+        # Taking k examples now leaves the first boundary at offset drift + k - B.
         future = best_onward(context.drift + chosen - batch, chosen, layers[0], best, aligns)
         return {int(k): max(int(f), 0) for k, f in zip(chosen, future, strict=True)}
 
@@ -374,7 +400,9 @@ class StepSizer:
             return self._finish(lengths[:target], bins, ok, 1, [target], runs=1)
 
         # Hopeless: even the largest size packs into fewer bins than dp. The target is packed;
-        # the examples beyond it add about two bins per capacity of tokens at most, plus one.
+        # the examples beyond it add about two bins per capacity of tokens at most, plus one
+        # (first-fit packings leave at most one bin half empty, so each added bin holds more
+        # than half a capacity). Only when that estimate reaches dp is the largest size packed.
         packs = 0
         if bounds[highest] < self.dp_size:
             bins = self.packer.pack(lengths[:target])
@@ -414,9 +442,10 @@ class StepSizer:
                 deferred.packs += packs
                 return deferred
 
-        # Nothing aligned: also pack the size whose bound promises the fewest padding bins.
+        # Nothing aligned: also pack the size whose bound promises the fewest padding bins
+        # (ties: nearest the target).
         dp = self.dp_size
-        misaligned = []  # (padding, distance, k, bins)
+        misaligned = []  # (padding, distance to target, token gap, size, bins)
         window = np.arange(lowest, highest + 1)
         estimated = bounds[window]
         est_padding = np.maximum(dp, -(-estimated // dp) * dp) - estimated
@@ -433,15 +462,19 @@ class StepSizer:
         *_, size, bins = min(misaligned, key=lambda entry: entry[:4])
         return self._finish(lengths[:size], bins, False, packs, tried)
 
-    def _search_exact(self, lengths, estimate, context, sizes, token_gap):
-        """Pack every size; among those that align, the most aligned steps ahead (real counts)."""
+    def _search_exact(self, lengths: np.ndarray, estimate: SegmentBounds, context: StepContext,
+                      sizes: list[int], token_gap: Callable[[int], float]
+                      ) -> tuple[list[int], int, SizingDecision | None]:
+        """Pack every size; among those that align, the most aligned steps ahead (real counts).
+
+        Returns (sizes packed, packs, the decision or None when no size aligned)."""
         results = {k: self._segment(lengths, 0, k, estimate) for k in sizes}
         good = [k for k in sizes if results[k][1]]
         if not good:
             return list(sizes), len(sizes), None
         future: dict[int, int] = {}
         if self.horizon > 1 and len(good) > 1:
-            def aligns(starts, ends):
+            def aligns(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
                 return np.array([self._segment(lengths, int(s), int(e), estimate)[1]
                                  for s, e in zip(starts, ends, strict=True)], dtype=bool)
             # Real counts for the next step, the bound beyond: as good on real pools, 3x cheaper.
@@ -452,8 +485,13 @@ class StepSizer:
         bins, _ = results[size]
         return list(sizes), len(sizes), self._finish(lengths[:size], bins, True, len(sizes), list(sizes))
 
-    def _search_bounded(self, lengths, bounds, estimate, context, sizes, token_gap, budget, packs):
-        """Pack sizes in the bound's order, at most ``budget``; take the first that aligns."""
+    def _search_bounded(self, lengths: np.ndarray, bounds: np.ndarray, estimate: SegmentBounds,
+                        context: StepContext, sizes: list[int], token_gap: Callable[[int], float],
+                        budget: int | None, packs: int
+                        ) -> tuple[list[int], int, SizingDecision | None]:
+        """Pack sizes in the bound's order, at most ``budget``; take the first that aligns.
+
+        Returns (sizes packed, packs so far, the decision or None when none aligned)."""
         order, exact = self._search_order(sizes, bounds, estimate, len(lengths), context, token_gap)
         if budget is not None and not exact:
             budget = min(budget, self.unlikely_packs)  # no bound is a multiple of dp: rarely aligns
@@ -468,8 +506,9 @@ class StepSizer:
                 return tried, packs, self._finish(lengths[:size], bins, True, packs, tried)
         return tried, packs, None
 
-    def _search_deferral(self, lengths, aligned, estimate, context, forced, target, tokens, anchor,
-                         budget):
+    def _search_deferral(self, lengths: np.ndarray, aligned: np.ndarray, estimate: SegmentBounds,
+                         context: StepContext, forced: int, target: int, tokens: np.ndarray,
+                         anchor: float, budget: int | None) -> SizingDecision | None:
         """Align by leaving a few examples (at most ``max_deferred``) for the next step.
 
         For a prefix of m examples packed into c bins, two ways to keep c - (c mod dp) bins: empty
@@ -482,8 +521,10 @@ class StepSizer:
         """
         lowest, highest, _ = context.window()
         dp, limit = self.dp_size, self.max_deferred
+        # A prefix of m examples emits m - (deferred) of them, so m may reach ``limit`` past
+        # the window's top and still emit a size inside the window.
         top = min(highest + limit, len(lengths))
-        best = None
+        best: tuple[tuple[int, float, int], int, list[list[int]], list[int]] | None = None
         packs = 0
         for m in _outward(target, lowest, top):
             if budget is not None and packs >= budget:
@@ -491,10 +532,12 @@ class StepSizer:
             bins, _ = self._segment(lengths, 0, m, estimate)
             packs += 1
             count = len(bins)
-            surplus = count % dp
+            surplus = count % dp  # bins to remove to come down to a multiple of dp
             if count < dp or surplus == 0:
                 continue
             loads = [int(aligned[b].sum()) for b in bins]
+            # The lightest bins have the fewest tokens to rehouse; a bin holding an example
+            # deferred once already cannot be emptied (it would be deferred again).
             emptied = sorted((i for i in range(count) if min(bins[i]) >= forced),
                              key=lambda i: (loads[i], i))[:surplus]
             if len(emptied) < surplus:
@@ -507,6 +550,7 @@ class StepSizer:
                 size = m - len(moved)
                 if len(moved) > limit or not lowest <= size <= highest:
                     continue
+                # The deferred examples lead the next step, so its smallest size must hold them.
                 following = context.after(size)
                 if following is None or following.window()[0] < len(moved):
                     continue
@@ -519,7 +563,8 @@ class StepSizer:
         _, m, kept, moved = best
         return self._finish(lengths[:m], kept, True, packs, [m], deferred=moved)
 
-    def _defer_largest(self, lengths, aligned, goal, forced, tries=3):
+    def _defer_largest(self, lengths: np.ndarray, aligned: np.ndarray, goal: int, forced: int,
+                       tries: int = 3) -> tuple[list[list[int]], list[int]] | None:
         """Defer the largest examples (positions >= forced) so that the rest pack into a multiple
         of dp no larger than ``goal``: as few as the token bound allows, then up to ``tries``
         more. Returns (bins of the kept prefix positions, deferred positions) or None."""
@@ -528,6 +573,8 @@ class StepSizer:
             return None
         candidates = np.arange(forced, len(aligned))
         candidates = candidates[np.argsort(-aligned[forced:], kind="stable")][:limit]
+        # goal bins hold at most goal x C tokens: the largest examples whose removal brings the
+        # rest under that are the fewest worth trying (removed[j] = tokens of the j + 1 largest).
         footprint = np.minimum(aligned, self.capacity)
         excess = int(footprint.sum()) - goal * self.capacity
         removed = np.cumsum(footprint[candidates])
@@ -543,7 +590,8 @@ class StepSizer:
                 return [[int(positions[i]) for i in b] for b in packed], moved.tolist()
         return None
 
-    def _refill(self, bins, loads, emptied, aligned):
+    def _refill(self, bins: list[list[int]], loads: list[int], emptied: list[int],
+                aligned: np.ndarray) -> tuple[list[list[int]], list[int]]:
         """Bins without ``emptied``, their examples moved into free room where they fit.
 
         Returns the kept bins and the positions that fit nowhere (sorted)."""
@@ -551,6 +599,7 @@ class StepSizer:
         kept = [list(b) for i, b in enumerate(bins) if i not in gone]
         free = [self.capacity - load for i, load in enumerate(loads) if i not in gone]
         leftover = []
+        # Best fit decreasing into the kept bins' free room: largest first, tightest room.
         for p in sorted((p for i in emptied for p in bins[i]), key=lambda p: (-int(aligned[p]), p)):
             size = int(aligned[p])
             fitting = [j for j, room in enumerate(free) if room >= size]
@@ -562,18 +611,19 @@ class StepSizer:
             free[j] -= size
         return kept, sorted(leftover)
 
-    def _bound_aligns(self, estimate):
+    def _bound_aligns(self, estimate: SegmentBounds) -> SegmentTest:
         """Judge segments by the O(1) bound: does it reach a multiple of dp?"""
         dp = self.dp_size
 
-        def aligns(starts, ends):
+        def aligns(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
             counts = estimate(starts, ends)
             return (counts % dp == 0) & (counts >= dp)
 
         return aligns
 
-    def _search_order(self, sizes: list[int], bounds: np.ndarray, estimate, available: int,
-                      context: StepContext, token_gap) -> tuple[list[int], bool]:
+    def _search_order(self, sizes: list[int], bounds: np.ndarray, estimate: SegmentBounds,
+                      available: int, context: StepContext, token_gap: Callable[[int], float]
+                      ) -> tuple[list[int], bool]:
         """The order in which to pack the window's sizes (given nearest the target first).
 
         Sizes whose bound is itself a multiple of dp come first (the packers here usually reach
@@ -586,8 +636,8 @@ class StepSizer:
         def tier(k: int) -> int:
             bound = int(bounds[k])
             if bound % dp == 0 and bound >= dp:
-                return 0
-            return 1 if self._promising(bound) else 2
+                return 0  # aligns if the packer reaches the bound, as it usually does
+            return 1 if self._promising(bound) else 2  # 1: aligns one bin above the bound
 
         aligns = self._bound_aligns(estimate)
         tiers = {k: tier(k) for k in sizes}
@@ -632,7 +682,7 @@ class StepSizer:
         )
 
 
-def _outward(target: int, lowest: int, highest: int):
+def _outward(target: int, lowest: int, highest: int) -> Iterator[int]:
     """target, target+1, target-1, target+2, ... within [lowest, highest]."""
     yield target
     for offset in range(1, max(highest - target, target - lowest) + 1):

@@ -156,8 +156,9 @@ def test_invalid_options(tok, chat_file, tmp_path):
         load_sft_dataset(chat_file, tok, loss_on="everything", cache_dir=tmp_path)
     with pytest.raises(ValueError, match="'error', 'skip'"):
         load_sft_dataset(chat_file, tok, on_bad_record="ignore", cache_dir=tmp_path)
-    with pytest.raises(ValueError, match="max_length"):
-        load_sft_dataset(chat_file, tok, max_length=0, cache_dir=tmp_path)
+    for bad in (1, True, 8.0):
+        with pytest.raises(ValueError, match=rf"max_length must be an integer >= 2.*, got {bad!r}"):
+            load_sft_dataset(chat_file, tok, max_length=bad, cache_dir=tmp_path)
     with pytest.raises(ValueError, match="unsupported file type"):
         bad = tmp_path / "d.csv"
         bad.write_text("a,b\n")

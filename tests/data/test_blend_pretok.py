@@ -47,9 +47,16 @@ def test_plain_list_concatenates(tok, two_files, tmp_path):
         ds[40]
 
 
-@pytest.mark.parametrize("weights", [[1.0], [1.0, 0.0], [1.0, -2.0], [1.0, float("nan")], [1.0, "x"], [True, 1]])
-def test_weights_validated(tok, two_files, tmp_path, weights):
-    with pytest.raises(ValueError, match="weight"):
+@pytest.mark.parametrize(("weights", "fragment"), [
+    ([1.0], "got 1 weights for 2 sources"),
+    ([1.0, 0.0], r"weights\[1\] must be a number in \(0, inf\), got 0.0"),
+    ([1.0, -2.0], r"weights\[1\] must be a number .*, got -2.0"),
+    ([1.0, float("nan")], r"weights\[1\] must be a number .*, got nan"),
+    ([1.0, "x"], r"weights\[1\] must be a number .*, got 'x'"),
+    ([True, 1], r"weights\[0\] must be a number .*, got True"),
+])
+def test_weights_validated(tok, two_files, tmp_path, weights, fragment):
+    with pytest.raises(ValueError, match=fragment):
         load_sft_dataset(list(two_files), tok, weights=weights, cache_dir=tmp_path, show_progress=False)
 
 

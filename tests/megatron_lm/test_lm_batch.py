@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -298,3 +299,12 @@ def test_packed_seq_params_default_device_and_batch_dict():
     assert isinstance(from_dict.max_seqlen_q, int)
     with pytest.raises(ValueError, match="no 'max_seqlen'"):
         packed_seq_params({"cu_seqlens": torch.tensor([0, 3])})
+
+
+def test_packed_seq_params_refuses_a_max_seqlen_that_is_not_a_count():
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    assert packed_seq_params({"cu_seqlens": cu, "max_seqlen": np.int64(3)}, "cpu").max_seqlen_q == 3
+    bad = [3.5, True, -1, torch.tensor([2.5]), torch.tensor([3, 4])]
+    for value in bad:
+        with pytest.raises(ValueError, match="max_seqlen"):
+            packed_seq_params({"cu_seqlens": cu, "max_seqlen": value}, "cpu")

@@ -12,6 +12,11 @@ from megatron_packing.packing.algorithms import (
 )
 from megatron_packing.packing.alignment import Alignment
 from megatron_packing.packing.factory import make_seq_packer, make_sft_sequence_packer
+from megatron_packing.packing.microbatch import (
+    fixed_size_microbatches,
+    make_token_balanced_microbatches,
+)
+from megatron_packing.packing.step_sizing import StepSizer
 
 from ._helpers import check_fits, check_partition
 
@@ -131,3 +136,23 @@ def test_sft_packer_with_dp() -> None:
     assert len(bins) == 12 and all(bins[:9]) and not any(bins[9:])
     assert packer.pack([]) == [[], [], [], []]
     assert len(packer.pack([10] * 500)) % 4 == 0
+
+
+def test_counts_accept_numpy_integers_and_name_the_setting_when_bad() -> None:
+    # One integer rule everywhere: numpy integers count, bools and fractions do not.
+    packer = make_sft_sequence_packer(4096, tp_size=np.int64(2), dp_size=np.int32(2))
+    assert packer.alignment.bin_multiple == 2 and packer.bin_count_multiple == 2
+    assert sorted(packer.pack_to_count([3, 4, 5], np.int64(3))) == [[0], [1], [2]]
+    assert make_token_balanced_microbatches([0, 1], [4, 4], np.int64(8)) == [[0, 1]]
+    assert fixed_size_microbatches([5, 6, 7], np.int64(2)) == [[5, 6], [7]]
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match=rf"max_tokens must be an integer >= 1, got {bad!r}"):
+            make_token_balanced_microbatches([0], [4], bad)
+        with pytest.raises(ValueError, match=rf"micro_batch_size must be an integer >= 1, got {bad!r}"):
+            fixed_size_microbatches([5], bad)
+    with pytest.raises(ValueError, match=r"num_bins must be an integer >= 0, got 1.0"):
+        MFFDPacker(100).pack_to_count([1], 1.0)
+    with pytest.raises(ValueError, match=r"dp_size must be an integer >= 1, got 0"):
+        StepSizer(make_seq_packer("mffd", 100), 0)
+    with pytest.raises(ValueError, match=r"max_deferred must be an integer >= 0, got -1"):
+        StepSizer(make_seq_packer("mffd", 100), 2, max_deferred=-1)
