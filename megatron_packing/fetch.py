@@ -41,7 +41,7 @@ class PlannedExamples(Sequence[Any]):
     def __len__(self) -> int:
         return len(self.examples)
 
-    def __getitem__(self, position):  # type: ignore[override]
+    def __getitem__(self, position: Any) -> Any:
         return self.examples[position]
 
     def __iter__(self) -> Iterator[Any]:

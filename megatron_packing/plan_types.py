@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ class PaddedStepPlan(Sequence[int]):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, position):  # type: ignore[override]
+    def __getitem__(self, position: Any) -> Any:
         return self.indices[position]
 
     def __iter__(self) -> Iterator[int]:

@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from torch.utils.data import SequentialSampler
@@ -115,9 +116,13 @@ def simulate(
         max_packs=max_packs, max_deferred_examples=max_deferred_examples,
         oversize_policy="truncate",
     )
-    sizes, tokens, plan_ms, runs = [], [], [], []
+    sizes: list[int] = []
+    tokens: list[int] = []
+    plan_ms: list[float] = []
+    runs: list[int] = []
     bins = padding = aligned = deferred = 0
-    imbalance_rr, imbalance_kk = [], []
+    imbalance_rr: list[float] = []
+    imbalance_kk: list[float] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         while len(sizes) < steps:
@@ -199,7 +204,7 @@ def compare(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int
             max_deferred_examples: int = 0) -> list[SimulationResult]:
     """Fixed B (bins rounded up to dp), the exhaustive reference (optional), the project's
     planner, and the planner with bounded deferral (when ``max_deferred_examples`` > 0)."""
-    common = dict(batch_size=batch_size, capacity=capacity, dp_size=dp_size, steps=steps,
+    common: dict[str, Any] = dict(batch_size=batch_size, capacity=capacity, dp_size=dp_size, steps=steps,
                   variation=variation, algorithm=algorithm)
     runs = [simulate(lengths, align=False, **common)]
     if exhaustive:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -43,6 +43,18 @@ def check_batch_window(global_batch_size: int, variation: float, dp_size: int | 
     return v
 
 
+@overload
+def require_int(name: str, value: Any, *, minimum: int | None = None,
+                maximum: int | None = None, allow_none: Literal[False] = False,
+                error: type[Exception] = ConfigError) -> int: ...
+
+
+@overload
+def require_int(name: str, value: Any, *, minimum: int | None = None,
+                maximum: int | None = None, allow_none: bool = False,
+                error: type[Exception] = ConfigError) -> int | None: ...
+
+
 def require_int(name: str, value: Any, *, minimum: int | None = None,
                 maximum: int | None = None, allow_none: bool = False,
                 error: type[Exception] = ConfigError) -> int | None:
@@ -61,6 +73,16 @@ def require_int(name: str, value: Any, *, minimum: int | None = None,
     if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
         raise error(f"{name} must be an integer{bounds}, got {number}")
     return number
+
+
+@overload
+def require_positive_int(name: str, value: Any, *, allow_none: Literal[False] = False,
+                         error: type[Exception] = ConfigError) -> int: ...
+
+
+@overload
+def require_positive_int(name: str, value: Any, *, allow_none: bool = False,
+                         error: type[Exception] = ConfigError) -> int | None: ...
 
 
 def require_positive_int(name: str, value: Any, *, allow_none: bool = False,

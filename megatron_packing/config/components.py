@@ -23,7 +23,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
 from functools import cache, cached_property
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from megatron_packing.packing.alignment import FP8_RECIPES, Alignment, make_alignment
 from megatron_packing.packing.balance import DEFAULT_ATTENTION_COST_CONSTANT
@@ -372,7 +372,7 @@ def config_from_keywords(cls: type[Config], keywords: Mapping[str, Any], *, owne
 
     An unknown keyword is a TypeError naming the valid ones; defaults are the dataclasses' own.
     """
-    valid = keyword_names(cls)
+    valid = keyword_names(cast(type, cls))
     unknown = sorted(set(keywords) - set(valid))
     if unknown:
         raise TypeError(f"{owner} got unexpected keyword argument(s) "
@@ -383,7 +383,7 @@ def config_from_keywords(cls: type[Config], keywords: Mapping[str, Any], *, owne
 def _build(cls: type[Config], keywords: Mapping[str, Any], owner: str) -> Config:
     values: dict[str, Any] = {}
     for f in fields(cls):  # type: ignore[arg-type]
-        nested = _nested_components(cls).get(f.name)
+        nested = _nested_components(cast(type, cls)).get(f.name)
         if nested is not None:
             values[f.name] = _build(nested, keywords, owner)
         elif f.name in keywords:

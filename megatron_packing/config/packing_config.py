@@ -13,7 +13,7 @@ import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from megatron_packing.config.components import (
     COMPONENTS,
@@ -72,6 +72,10 @@ class PackingConfig:
                 part = dataclasses.replace(part, **changes[name])
             object.__setattr__(self, name, part)
         self._check_between_components()
+
+    if TYPE_CHECKING:  # the YAML keys are properties installed below, one per YAML_KEYS entry
+
+        def __getattr__(self, name: str) -> Any: ...
 
     def _check_between_components(self) -> None:
         if self.planner.align_to_dp and not self.loader.use_sequence_packing:

@@ -53,7 +53,7 @@ class PlannedBatch(Sequence[int]):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, position):  # type: ignore[override]
+    def __getitem__(self, position: Any) -> Any:
         return self.indices[position]
 
     def __iter__(self) -> Iterator[int]:

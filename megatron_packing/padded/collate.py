@@ -90,10 +90,10 @@ def collate_microbatch(
         raise ValueError("a micro-batch needs at least one example")
     ids = [np.asarray(example["input_ids"], dtype=np.int64).reshape(-1) for example in examples]
     masks = [np.asarray(example["loss_mask"]).reshape(-1).astype(np.float32) for example in examples]
-    for number, (tokens, mask) in enumerate(zip(ids, masks, strict=True)):
-        if tokens.shape != mask.shape:
+    for number, (row_ids, mask) in enumerate(zip(ids, masks, strict=True)):
+        if row_ids.shape != mask.shape:
             raise ValueError(
-                f"example {example_indices[number]}: input_ids has {tokens.size} tokens but "
+                f"example {example_indices[number]}: input_ids has {row_ids.size} tokens but "
                 f"loss_mask has {mask.size}"
             )
     longest = max(1, max(tokens.size for tokens in ids))

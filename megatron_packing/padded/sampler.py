@@ -18,7 +18,7 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -181,7 +181,7 @@ class TokenBudgetBatchSampler(StepStream[PaddedCursor, PaddedStepPlan]):
                 "are already planned"
             )
         cursor.budget_changes = {s: b for s, b in cursor.budget_changes.items() if s < start}
-        cursor.budget_changes[start] = budget  # type: ignore[assignment]
+        cursor.budget_changes[start] = budget
         self._position_changed()
 
     def _budget_for(self, cursor: PaddedCursor, step: int) -> int | None:
@@ -217,7 +217,8 @@ class TokenBudgetBatchSampler(StepStream[PaddedCursor, PaddedStepPlan]):
         lengths = self.lengths[np.asarray(global_batch, dtype=np.int64)]
         slices = rank_slices(len(global_batch), self.dp_size)
         schedules = [
-            split_rank_share(lengths[a:b], budget, self.micro_batch_size, self.split_method)
+            split_rank_share(lengths[a:b], budget, self.micro_batch_size,
+                             cast(SplitMethod, self.split_method))
             for a, b in slices
         ]
         count = max(len(schedule) for schedule in schedules)

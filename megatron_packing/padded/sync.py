@@ -195,9 +195,9 @@ class TokenBudgetController:
         )
         if version == NO_VALUE:
             return
-        mine = offer is not None and offer.version == version
+        mine = offer if offer is not None and offer.version == version else None
         budget, from_step = _all_reduce_max(
-            [offer.max_tokens if mine else NO_VALUE, offer.from_step if mine else NO_VALUE], self.group
+            [mine.max_tokens if mine else NO_VALUE, mine.from_step if mine else NO_VALUE], self.group
         )
         self._applied_version = version
         self._pending = None
