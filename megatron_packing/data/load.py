@@ -171,7 +171,7 @@ def _load_raw(
     else:
         raise ValueError(f"{path}: unsupported file type {suffix!r}; give {SUPPORTED}")
     return build_or_load(
-        name=path.name, source=str(path), data_hash=hash_file(path),
+        name=path.name, source=str(path), data_hash=hash_file(path, memo_dir=cache),
         items=items, total=total, raw_is_text=is_text, **common,
     )
 
