@@ -17,7 +17,7 @@ import multiprocessing as mp
 import os
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,11 +85,7 @@ def hash_file(path: Path, memo_dir: Path | None = None) -> str:
         except (OSError, ValueError):
             pass
     started = time.time()
-    h = hashlib.blake2b(digest_size=16)
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    digest = h.hexdigest()
+    digest = _hash_file_bytes(path)
     after = path.stat()
     settled = max(after.st_mtime_ns, after.st_ctime_ns) / 1e9 < started - HASH_MEMO_SETTLED_S
     if memo is not None and settled and [after.st_size, after.st_ino, after.st_mtime_ns,
@@ -100,6 +96,14 @@ def hash_file(path: Path, memo_dir: Path | None = None) -> str:
             tmp.write_text(json.dumps({"path": str(path.resolve()), "stamp": stamp, "hash": digest}))
             os.replace(tmp, memo)
     return digest
+
+
+def _hash_file_bytes(path: Path) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _hash_memo_path(path: Path, memo_dir: Path) -> Path:
@@ -248,7 +252,7 @@ def build_or_load(
     source: str,
     data_hash: str,
     items: Iterable[RawItem],
-    total: int | None,
+    total: int | Callable[[], int] | None,
     raw_is_text: bool,
     encoder: ChatEncoder,
     tokenizer_fp: str,
@@ -257,7 +261,11 @@ def build_or_load(
     num_proc: int | None,
     show_progress: bool,
 ) -> TokenStore:
-    """Return the cached store for this source, building it first when missing."""
+    """Return the cached store for this source, building it first when missing.
+
+    ``total`` (records, for the progress bar and the process count) may be a function, called
+    only when the entry is built: counting a large file's lines would slow every warm load.
+    """
     key = cache_key(data_hash, tokenizer_fp, encoder)
     final = cache_dir / f"{_safe(name)}-{key}"
     with _file_lock(cache_dir / f".{_safe(name)}-{key}.lock"):
@@ -265,6 +273,8 @@ def build_or_load(
             store = TokenStore(final)
             log.debug("reusing length index %s", final)
         else:
+            if callable(total):
+                total = total()
             store = _build(
                 final, key, source, data_hash, items, total, raw_is_text, encoder,
                 tokenizer_fp, on_bad_record, num_proc, show_progress,

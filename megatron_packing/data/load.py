@@ -164,7 +164,7 @@ def _load_raw(
         raise ValueError(f"{path} is a directory but not pre-tokenized data (no valid meta.json); give {SUPPORTED}")
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        items, total, is_text = iter_jsonl(path), count_jsonl_lines(path), True
+        items, total, is_text = iter_jsonl(path), lambda: count_jsonl_lines(path), True
     elif suffix == ".json":
         items = read_json_list(path, str(path))
         total, is_text = len(items), False

@@ -197,7 +197,7 @@ class ChatEncoder:
 
     # -- internals ----------------------------------------------------------------------
     def _unsupported(self, messages: Messages) -> RecordProblem | None:
-        if self.has_special_text(messages) and self.special_tokens_in_content == "error":
+        if self.special_tokens_in_content == "error" and self.has_special_text(messages):
             k = next(k for k, m in enumerate(messages)
                      if isinstance(m.get("content"), str) and self._special_re.search(m["content"]))
             found = self._special_re.search(messages[k]["content"]).group(0)
@@ -281,7 +281,8 @@ class ChatEncoder:
         tools = getattr(batch[0], "tools", None) if len(batch) == 1 else None
         template = self.tokenizer.get_chat_template(None, tools)
         # as apply_chat_template: message keys whose value is None are dropped
-        plain = [[{k: v for k, v in m.items() if v is not None} for m in messages] for messages in batch]
+        plain = [[m if None not in m.values() else {k: v for k, v in m.items() if v is not None}
+                  for m in messages] for messages in batch]
         rendered, spans = self._call(render, conversations=plain, tools=tools,
                                      chat_template=template, return_assistant_tokens_mask=True,
                                      **self.tokenizer.special_tokens_map)

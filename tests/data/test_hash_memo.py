@@ -52,3 +52,20 @@ def test_a_file_written_moments_ago_is_not_remembered(tok, tmp_path):
     path = write_jsonl(tmp_path / "fresh.jsonl", [{"messages": c} for c in CONVERSATIONS])
     _load(path, tok, tmp_path / "c")
     assert _memos(tmp_path / "c") == []
+
+
+def test_a_warm_load_reads_the_data_file_for_nothing_else(settled, tok, chat_file, tmp_path,
+                                                          monkeypatch):
+    from megatron_packing.data import load as load_module
+
+    first = _load(chat_file, tok, tmp_path / "c")
+
+    def no_count(path):
+        raise AssertionError("a warm load counted the file's lines")
+
+    def no_read(path, memo_dir=None):
+        raise AssertionError("a warm load hashed the data file again")
+
+    monkeypatch.setattr(load_module, "count_jsonl_lines", no_count)
+    monkeypatch.setattr(length_index, "_hash_file_bytes", no_read)
+    assert _load(chat_file, tok, tmp_path / "c").fingerprint == first.fingerprint
