@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -101,7 +103,8 @@ def digest(offsets, ids, mask) -> str:
 
     h = hashlib.blake2b(digest_size=16)
     for array, dtype in ((offsets, np.int64), (ids, np.int32), (mask, np.uint8)):
-        h.update(np.ascontiguousarray(array, dtype=dtype).tobytes())
+        for start in range(0, len(array), 1 << 22):  # bounded copies: RSS stays the path's own
+            h.update(memoryview(np.ascontiguousarray(array[start : start + (1 << 22)], dtype=dtype)))
     return h.hexdigest()
 
 
@@ -110,7 +113,7 @@ def folder_mb(folder: Path) -> float:
 
 
 # ---------------------------------------------------------------------------- the paths
-def run_library(data: Path, tok, work: Path, num_proc: int) -> dict:
+def run_library(data: Path, tok, work: Path, num_proc: int) -> tuple[dict, Callable[[], str]]:
     import numpy as np
 
     from megatron_packing.data import load_sft_dataset
@@ -127,14 +130,17 @@ def run_library(data: Path, tok, work: Path, num_proc: int) -> dict:
         again = load_sft_dataset(data, tok, cache_dir=cache, num_proc=num_proc, show_progress=False)
         warm.append(time.perf_counter() - t0)
     store = Path(again.index_paths[0])
-    offsets = np.load(store / "offsets.npy")
-    ids = np.fromfile(store / "input_ids.bin", dtype=np.int32)
-    mask = np.fromfile(store / "loss_mask.bin", dtype=np.uint8)
+
+    def check() -> str:
+        return digest(np.load(store / "offsets.npy", mmap_mode="r"),
+                      np.memmap(store / "input_ids.bin", dtype=np.int32, mode="r"),
+                      np.memmap(store / "loss_mask.bin", dtype=np.uint8, mode="r"))
+
     return {"records": len(ds), "seconds": build, "warm_seconds": warm,
-            "cache_mb": folder_mb(cache), "digest": digest(offsets, ids, mask)}
+            "cache_mb": folder_mb(cache)}, check
 
 
-def run_datasets_map(data: Path, tok, work: Path, num_proc: int) -> dict:
+def run_datasets_map(data: Path, tok, work: Path, num_proc: int) -> tuple[dict, Callable[[], str]]:
     import datasets
     import numpy as np
 
@@ -157,16 +163,18 @@ def run_datasets_map(data: Path, tok, work: Path, num_proc: int) -> dict:
     t0 = time.perf_counter()
     build()
     warm = time.perf_counter() - t0
-    ids_col = ds.data.column("input_ids").combine_chunks()
-    mask_col = ds.data.column("assistant_masks").combine_chunks()
-    offsets = np.asarray(ids_col.offsets)
-    offsets = offsets - offsets[0]
+    def check() -> str:
+        ids_col = ds.data.column("input_ids").combine_chunks()
+        mask_col = ds.data.column("assistant_masks").combine_chunks()
+        offsets = np.asarray(ids_col.offsets)
+        return digest(offsets - offsets[0], np.asarray(ids_col.flatten()),
+                      np.asarray(mask_col.flatten()))
+
     return {"records": len(ds), "seconds": seconds, "warm_seconds": [warm],
-            "cache_mb": folder_mb(cache),
-            "digest": digest(offsets, np.asarray(ids_col.flatten()), np.asarray(mask_col.flatten()))}
+            "cache_mb": folder_mb(cache)}, check
 
 
-def run_chatml_render(data: Path, tok, work: Path, num_proc: int) -> dict:
+def run_chatml_render(data: Path, tok, work: Path, num_proc: int) -> tuple[dict, Callable[[], str]]:
     """ChatML written by hand: no template engine, one batch encode per 1,024 records."""
     import numpy as np
 
@@ -174,10 +182,10 @@ def run_chatml_render(data: Path, tok, work: Path, num_proc: int) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     ids_parts, mask_parts, lengths = [], [], []
-    records = [json.loads(line)["messages"] for line in data.open()]
-    for start in range(0, len(records), 1024):
+    lines = data.open()
+    while chunk := [json.loads(line)["messages"] for line in itertools.islice(lines, 1024)]:
         texts, spans = [], []
-        for messages in records[start : start + 1024]:
+        for messages in chunk:
             pieces, where, pos = [], [], 0
             for m in messages:
                 head = f"<|im_start|>{m['role']}\n"
@@ -204,7 +212,7 @@ def run_chatml_render(data: Path, tok, work: Path, num_proc: int) -> dict:
         np.save(out / f"{name}.npy", array)
     seconds = time.perf_counter() - started
     return {"records": len(lengths), "seconds": seconds, "warm_seconds": [],
-            "cache_mb": folder_mb(out), "digest": digest(offsets, ids, mask)}
+            "cache_mb": folder_mb(out)}, lambda: digest(offsets, ids, mask)
 
 
 PATHS = {"library": run_library, "datasets.map": run_datasets_map, "chatml render": run_chatml_render}
@@ -213,11 +221,13 @@ PATHS = {"library": run_library, "datasets.map": run_datasets_map, "chatml rende
 def child(path: str, num_proc: int, data: Path, tokenizer: Path, work: Path) -> dict:
     tok = load_tokenizer(tokenizer)
     cpu0 = os.times()
-    result = PATHS[path](data, tok, work, num_proc)
+    result, check = PATHS[path](data, tok, work, num_proc)
     cpu1 = os.times()
     result["cpu_seconds"] = sum(cpu1[:4]) - sum(cpu0[:4])  # user + sys, with reaped workers
+    # peak RSS of the path itself, read before the equality check reads the outputs back
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result["worker_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    result["digest"] = check()
     return result
 
 
