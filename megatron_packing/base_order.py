@@ -94,7 +94,7 @@ class EpochOrder:
                 "needs the epoch's length to plan steps and an epoch's last step; wrap it in a "
                 "sampler that reports len()"
             )
-        self.sampler = sampler
+        self.sampler: Any = sampler  # any sized sampler; optional generator, seed, state
         self.seed = int(seed)
         self.epoch = 0
         self.consumed = 0  # examples read from this epoch's order so far
@@ -106,7 +106,7 @@ class EpochOrder:
         self._owns_generator = False
 
     def __len__(self) -> int:
-        return len(self.sampler)  # type: ignore[arg-type]
+        return len(self.sampler)
 
     @property
     def remaining(self) -> int:
@@ -154,7 +154,7 @@ class EpochOrder:
         return self._iterator
 
     def _epoch_array(self) -> np.ndarray:
-        order = np.asarray(self.sampler.epoch_permutation())  # type: ignore[attr-defined]
+        order = np.asarray(self.sampler.epoch_permutation())
         if order.ndim != 1 or len(order) != len(self):
             raise RuntimeError(
                 f"the base sampler {type(self.sampler).__name__} gave an epoch order of shape "
@@ -199,7 +199,7 @@ class EpochOrder:
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"epoch": self.epoch, "consumed": self.consumed}
         if self._stateful and self.consumed > 0:
-            state["sampler_state"] = copy.deepcopy(self.sampler.state_dict())  # type: ignore[attr-defined]
+            state["sampler_state"] = copy.deepcopy(self.sampler.state_dict())
         elif self._rng_state is not None:
             state["rng_state"] = self._rng_state.clone()
         return state
@@ -213,7 +213,7 @@ class EpochOrder:
             set_epoch = getattr(self.sampler, "set_epoch", None)
             if callable(set_epoch):
                 set_epoch(self.epoch)
-            self.sampler.load_state_dict(copy.deepcopy(state["sampler_state"]))  # type: ignore[attr-defined]
+            self.sampler.load_state_dict(copy.deepcopy(state["sampler_state"]))
             self._iterator = iter(self.sampler)
             self.consumed = consumed
             return

@@ -168,7 +168,8 @@ def _load_raw(
         items, total, is_text = iter_jsonl(path), lambda: count_jsonl_lines(path), True
     elif suffix == ".json":
         records = read_json_list(path, str(path))
-        items, total, is_text = iter(records), len(records), False
+        count = len(records)
+        items, total, is_text = iter(records), (lambda: count), False
     else:
         raise ValueError(f"{path}: unsupported file type {suffix!r}; give {SUPPORTED}")
     return build_or_load(

@@ -213,7 +213,7 @@ def run_tuning(inputs: ConfigInputs, dataset: DatasetLengths, *,
     variations = sorted(set(variations)) if variations else sorted(
         set(DEFAULT_VARIATIONS) | {p.packing_batch_size_allowed_variation})
     grid = make_grid(capacities, variations, batch_size=p.global_batch_size, dp_size=inputs.dp_size)
-    common = dict(packing=p, dp_size=inputs.dp_size, steps=steps)
+    common: dict[str, Any] = dict(packing=p, dp_size=inputs.dp_size, steps=steps)
     points: list[TunePoint] = []
     fixed: dict[str, dict[str, Any]] = {}
     runnable = sum(g.problem is None for g in grid) + len(capacities)

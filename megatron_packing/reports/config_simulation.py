@@ -315,7 +315,7 @@ def simulate_config(inputs: ConfigInputs, dataset: DatasetLengths, *,
                     progress: bool = False) -> ConfigSimulation:
     """Fixed B and aligned runs of the config over its dataset, same order, same step count."""
     steps = steps_for(dataset.lengths, inputs.packing, inputs.steps)
-    common = dict(packing=inputs.packing, dp_size=inputs.dp_size, steps=steps, progress=progress)
+    common: dict[str, Any] = dict(packing=inputs.packing, dp_size=inputs.dp_size, steps=steps, progress=progress)
     fixed = simulate_steps(dataset.lengths, align=False, **common)
     aligned = simulate_steps(dataset.lengths, align=True, **common)
     return ConfigSimulation(inputs, dataset, fixed, aligned)
