@@ -49,7 +49,7 @@ def test_plain_list_concatenates(tok, two_files, tmp_path):
 
 @pytest.mark.parametrize(("weights", "fragment"), [
     ([1.0], "got 1 weights for 2 sources"),
-    ([1.0, 0.0], r"weights\[1\] must be a number in \(0, inf\), got 0.0"),
+    ([1.0, 0.0], r"weights\[1\] must be a number > 0, got 0.0"),
     ([1.0, -2.0], r"weights\[1\] must be a number .*, got -2.0"),
     ([1.0, float("nan")], r"weights\[1\] must be a number .*, got nan"),
     ([1.0, "x"], r"weights\[1\] must be a number .*, got 'x'"),
