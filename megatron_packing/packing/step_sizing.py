@@ -22,8 +22,10 @@ capacity). On larger windows a budget of packs is spent in the order the bound s
 
 A step that can align always does; planning ahead only chooses among such sizes. With bounded
 deferral, a step that cannot align may leave a few examples of its window to lead the next step.
-Otherwise the step takes the size with the fewest padding bins, and the missing bins are made by
-splitting the heaviest bins, so every rank still gets real work.
+Otherwise the step is padded: among the sizes packed, the one after which most of the next steps
+can align, then one whose tokens stay within a fixed-B step's token spread of the anchor, then
+the fewest padding bins. The missing bins are made by splitting the heaviest bins, so every rank
+still gets real work.
 
 Pure numpy: no torch, no ranks, no files.
 """
@@ -288,7 +290,7 @@ class StepSizer:
         return estimate
 
     def _future_alignment(self, aligns, available: int, context: StepContext,
-                          sizes: list[int], aligns_later=None) -> dict[int, int]:
+                          sizes: list[int], aligns_later=None, onward_only: bool = False):
         """For each candidate size: how many of the next steps can still align after it.
 
         Boundary j of the next few steps may sit anywhere within +-v of its nominal place
@@ -296,7 +298,9 @@ class StepSizer:
         pass over (step, offset) gives, for each boundary, the most steps after it that can
         align; ``aligns(starts, ends)`` judges the next step's segments (the bound, or real packer
         counts) and ``aligns_later`` (default: the same) those of the steps after it. Only the
-        examples read ahead are considered.
+        examples read ahead are considered. With ``onward_only``, returns instead the next
+        step's end boundaries (offsets, positions, is_tail) and the most aligned steps after
+        each (None when there is none), for a caller that judges the next step itself.
         """
         batch, v = context.batch_size, context.variation
         # Boundary positions of later steps, layer by layer (relative to the current position).
@@ -328,6 +332,10 @@ class StepSizer:
             valid = next_positions[None, :] - positions[:, None] >= 1
             if not next_tail:
                 valid &= np.abs(next_offsets[None, :] - offsets[:, None]) <= v
+            if getattr(judge, "broadcasts", False):
+                # O(1) per pair from prefix sums: judge the whole grid at once (no gathers).
+                ok = judge(positions[:, None], next_positions[None, :])
+                return np.where(valid, ok + best_after[None, :], -1).max(axis=1)
             rows, cols = np.nonzero(valid)
             gain = np.full(valid.shape, -1, dtype=np.int64)
             ok = judge(positions[rows], next_positions[cols]).astype(np.int64)
@@ -336,12 +344,14 @@ class StepSizer:
 
         chosen = np.asarray(sizes, dtype=np.int64)
         if not layers:
-            return {int(k): 0 for k in chosen}
+            return None if onward_only else {int(k): 0 for k in chosen}
         # Backward: best = most aligned steps from each boundary of a layer to the horizon.
         best = np.zeros(layers[-1][1].size, dtype=np.int64)
         for index in range(len(layers) - 2, -1, -1):
             best = best_onward(layers[index][0], layers[index][1], layers[index + 1], best,
                                aligns_later or aligns)
+        if onward_only:
+            return layers[0], best
         future = best_onward(context.drift + chosen - batch, chosen, layers[0], best, aligns)
         return {int(k): max(int(f), 0) for k, f in zip(chosen, future, strict=True)}
 
@@ -397,6 +407,10 @@ class StepSizer:
         def token_gap(k: int) -> float:
             return abs(float(tokens[k]) - anchor)
 
+        # A fixed-B step's token spread: sqrt(target) x the read-ahead's length std. A size
+        # further than this from the anchor raises the token load's spread above fixed B's.
+        spread = float(np.sqrt(target) * lengths.std()) if len(lengths) else 0.0
+
         sizes = list(_outward(target, lowest, highest))
         budget = self.budget(lowest, highest)
         if budget is None and self.exact_lookahead(lowest, highest):
@@ -416,7 +430,7 @@ class StepSizer:
 
         # Nothing aligned: also pack the size whose bound promises the fewest padding bins.
         dp = self.dp_size
-        misaligned = []  # (padding, distance, k, bins)
+        misaligned = []  # (off the token spread, padding, token gap, distance, k)
         window = np.arange(lowest, highest + 1)
         estimated = bounds[window]
         est_padding = np.maximum(dp, -(-estimated // dp) * dp) - estimated
@@ -424,33 +438,66 @@ class StepSizer:
         if best not in tried:
             tried.append(best)
             packs += 1
+        packed = {}
         for size in tried:
             bins, ok = self._segment(lengths, 0, size, estimate)
             if ok:  # the size the bound favours aligned after all
                 return self._finish(lengths[:size], bins, True, packs, tried)
+            packed[size] = bins
+        # Plan ahead here too (the bound judges): a padded step that leaves the next steps able to
+        # align saves more bins than its own padding would (measured on the six study geometries:
+        # fewer bins than the exhaustive search on each, where fewest padding first was behind).
+        for size, bins in packed.items():
             padding = max(dp, -(-len(bins) // dp) * dp) - len(bins)
-            misaligned.append((padding, abs(size - target), token_gap(size), size, bins))
-        *_, size, bins = min(misaligned, key=lambda entry: entry[:4])
+            gap = token_gap(size)
+            misaligned.append((gap > spread, padding, gap, abs(size - target), size))
+        ranked = [entry[-1] for entry in sorted(misaligned)]
+        size = ranked[0]
+        if self.horizon > 1 and len(ranked) > 1:
+            future = self._future_alignment(self._bound_aligns(estimate), len(lengths), context,
+                                            ranked)
+            size = min(ranked, key=lambda k: -future[k])  # stable: ties keep the ranking
+        bins = packed[size]
         return self._finish(lengths[:size], bins, False, packs, tried)
 
     def _search_exact(self, lengths, estimate, context, sizes, token_gap):
-        """Pack every size; among those that align, the most aligned steps ahead (real counts)."""
-        results = {k: self._segment(lengths, 0, k, estimate) for k in sizes}
-        good = [k for k in sizes if results[k][1]]
-        if not good:
-            return list(sizes), len(sizes), None
-        future: dict[int, int] = {}
-        if self.horizon > 1 and len(good) > 1:
-            def aligns(starts, ends):
-                return np.array([self._segment(lengths, int(s), int(e), estimate)[1]
-                                 for s, e in zip(starts, ends, strict=True)], dtype=bool)
-            # Real counts for the next step, the bound beyond: as good on real pools, 3x cheaper.
-            future = self._future_alignment(aligns, len(lengths), context, good,
-                                            self._bound_aligns(estimate))
+        """Among the sizes that align, the most aligned steps ahead (real counts for the next
+        step), then the tokens nearest the anchor. The same choice as packing every size and
+        every (size, next boundary) segment, but a segment is packed only when its result could
+        change the choice: a size only while its best case beats the best found so far (every
+        size is packed when none aligns, as the exhaustive search does)."""
         position = {k: i for i, k in enumerate(sizes)}
-        size = min(good, key=lambda k: (-future.get(k, 0), token_gap(k), position[k]))
-        bins, _ = results[size]
-        return list(sizes), len(sizes), self._finish(lengths[:size], bins, True, len(sizes), list(sizes))
+        ranked = sorted(sizes, key=lambda k: (token_gap(k), position[k]))
+        # Real counts for the next step, the bound beyond: as good on real pools, 3x cheaper.
+        onward = (self._future_alignment(self._bound_aligns(estimate), len(lengths), context,
+                                         sizes, onward_only=True) if self.horizon > 1 else None)
+        tried: list[int] = []
+        chosen, most = None, -1
+        for k in ranked:
+            ends, after = None, -1  # no admissible next step counts 0, as in `_future_alignment`
+            if onward is not None:
+                (offsets, positions, tail), best = onward
+                valid = positions - k >= 1
+                if not tail:
+                    valid &= np.abs(offsets - (context.drift + k - context.batch_size)) <= context.variation
+                if valid.any():
+                    after = int(best[valid].max())
+                    ends = positions[valid & (best == after)]
+            if max(after + 1, 0) <= most:
+                continue  # cannot beat the best so far (ties keep the earlier size)
+            bins, ok = self._segment(lengths, 0, k, estimate)
+            tried.append(k)
+            if not ok:
+                continue
+            future = 0 if ends is None else max(after + int(any(
+                self._segment(lengths, k, int(e), estimate)[1] for e in ends)), 0)
+            if future > most:
+                chosen, most, chosen_bins = k, future, bins
+                if onward is None:
+                    break  # no planning ahead: the first that aligns
+        if chosen is None:
+            return tried, len(tried), None
+        return tried, len(tried), self._finish(lengths[:chosen], chosen_bins, True, len(tried), tried)
 
     def _search_bounded(self, lengths, bounds, estimate, context, sizes, token_gap, budget, packs):
         """Pack sizes in the bound's order, at most ``budget``; take the first that aligns."""
@@ -570,6 +617,7 @@ class StepSizer:
             counts = estimate(starts, ends)
             return (counts % dp == 0) & (counts >= dp)
 
+        aligns.broadcasts = True  # type: ignore[attr-defined]  # element-wise: takes a grid
         return aligns
 
     def _search_order(self, sizes: list[int], bounds: np.ndarray, estimate, available: int,
