@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from megatron_packing.packing.algorithms import SeqPacker
+from megatron_packing.packing.rebin import split_to_count
 
 STEP_NORMAL = "normal"
 STEP_EPOCH_TAIL = "epoch_tail"  # the epoch's last step: takes what remains
@@ -237,8 +238,11 @@ class StepSizer:
             self._memo.move_to_end(key)
         return [list(b) for b in hit[0]], hit[1]
 
-    def _pad(self, lengths: np.ndarray, bins: list[list[int]]) -> tuple[list[list[int]], int]:
-        """Raise the bin count to a multiple of dp (at least dp) with balanced non-empty bins."""
+    def _pad(self, lengths: np.ndarray, bins: list[list[int]],
+             sizes: np.ndarray | None = None) -> tuple[list[list[int]], int]:
+        """Raise the bin count to a multiple of dp (at least dp) with balanced non-empty bins.
+        With ``sizes`` (the packer's sizes of ``lengths``; ``bins`` its natural packing) the bins
+        are split directly: what ``pack_to_count`` does after packing them again."""
         dp = self.dp_size
         count = len(bins)
         target = max(dp, -(-count // dp) * dp)
@@ -246,7 +250,10 @@ class StepSizer:
             return bins, 0
         items = len(lengths)
         if items >= target:
-            split = self.packer.pack_to_count(lengths, target)
+            natural = (sizes is not None and not self.packer.min_bin_count
+                       and self.packer.bin_count_multiple in (None, 1))
+            split = (split_to_count(bins, sizes.tolist(), target) if natural
+                     else self.packer.pack_to_count(lengths, target))
             if split is not None and len(split) == target:
                 return split, 0
         # Fewer examples than rows: one example per row, the rest are placeholder rows.
@@ -381,7 +388,8 @@ class StepSizer:
 
         if lowest == highest:  # forced: the epoch's tail or the run's final step
             bins, ok = self._evaluate(lengths[:target], int(bounds[target]))
-            return self._finish(lengths[:target], bins, ok, 1, [target], runs=1)
+            return self._finish(lengths[:target], bins, ok, 1, [target], runs=1,
+                                sizes=aligned[:target])
 
         # Hopeless: even the largest size packs into fewer bins than dp. The target is packed;
         # the examples beyond it add about two bins per capacity of tokens at most, plus one.
@@ -395,7 +403,8 @@ class StepSizer:
                 at_most = len(self.packer.pack(lengths[:highest]))
                 packs += 1
             if at_most < self.dp_size:
-                decision = self._finish(lengths[:target], bins, False, packs, [target], runs=packs)
+                decision = self._finish(lengths[:target], bins, False, packs, [target], runs=packs,
+                                        sizes=aligned[:target])
                 decision.hopeless = True
                 return decision
 
@@ -415,9 +424,10 @@ class StepSizer:
         budget = self.budget(lowest, highest)
         if budget is None and self.exact_lookahead(lowest, highest):
             tried, packs, result = self._search_exact(lengths, estimate, context, sizes, token_gap)
+            future: dict[int, int] = {}
         else:
-            tried, packs, result = self._search_bounded(lengths, bounds, estimate, context, sizes,
-                                                        token_gap, budget, packs)
+            tried, packs, result, future = self._search_bounded(lengths, bounds, estimate, context,
+                                                                sizes, token_gap, budget, packs)
         if result is not None:
             return result
 
@@ -454,11 +464,12 @@ class StepSizer:
         ranked = [entry[-1] for entry in sorted(misaligned)]
         size = ranked[0]
         if self.horizon > 1 and len(ranked) > 1:
-            future = self._future_alignment(self._bound_aligns(estimate), len(lengths), context,
-                                            ranked)
+            if any(k not in future for k in ranked):
+                future = self._future_alignment(self._bound_aligns(estimate), len(lengths),
+                                                context, ranked)
             size = min(ranked, key=lambda k: -future[k])  # stable: ties keep the ranking
         bins = packed[size]
-        return self._finish(lengths[:size], bins, False, packs, tried)
+        return self._finish(lengths[:size], bins, False, packs, tried, sizes=aligned[:size])
 
     def _search_exact(self, lengths, estimate, context, sizes, token_gap):
         """Among the sizes that align, the most aligned steps ahead (real counts for the next
@@ -500,8 +511,10 @@ class StepSizer:
         return tried, len(tried), self._finish(lengths[:chosen], chosen_bins, True, len(tried), tried)
 
     def _search_bounded(self, lengths, bounds, estimate, context, sizes, token_gap, budget, packs):
-        """Pack sizes in the bound's order, at most ``budget``; take the first that aligns."""
-        order, exact = self._search_order(sizes, bounds, estimate, len(lengths), context, token_gap)
+        """Pack sizes in the bound's order, at most ``budget``; take the first that aligns. Also
+        returns the steps ahead that can align after each size, where they were computed."""
+        order, exact, future = self._search_order(sizes, bounds, estimate, len(lengths), context,
+                                                  token_gap)
         if budget is not None and not exact:
             budget = min(budget, self.unlikely_packs)  # no bound is a multiple of dp: rarely aligns
         tried: list[int] = []
@@ -512,8 +525,8 @@ class StepSizer:
             packs += 1
             tried.append(size)
             if ok:
-                return tried, packs, self._finish(lengths[:size], bins, True, packs, tried)
-        return tried, packs, None
+                return tried, packs, self._finish(lengths[:size], bins, True, packs, tried), future
+        return tried, packs, None, future
 
     def _search_deferral(self, lengths, aligned, estimate, context, forced, target, tokens, anchor,
                          budget):
@@ -621,13 +634,14 @@ class StepSizer:
         return aligns
 
     def _search_order(self, sizes: list[int], bounds: np.ndarray, estimate, available: int,
-                      context: StepContext, token_gap) -> tuple[list[int], bool]:
+                      context: StepContext, token_gap) -> tuple[list[int], bool, dict[int, int]]:
         """The order in which to pack the window's sizes (given nearest the target first).
 
         Sizes whose bound is itself a multiple of dp come first (the packers here usually reach
         the bound), then those a bin above one; among each, the sizes after which most of the
         next few steps can align, then the tokens nearest the anchor; then the rest, which only
-        a larger budget reaches. Also says whether any bound is itself a multiple of dp.
+        a larger budget reaches. Also says whether any bound is itself a multiple of dp, and
+        gives the steps ahead that can align after each size, where it was computed.
         """
         dp = self.dp_size
 
@@ -643,10 +657,12 @@ class StepSizer:
         if self.horizon > 1:
             candidates = [k for k in sizes if tiers[k] < 2]
             if len(candidates) > 1:
-                future = self._future_alignment(aligns, available, context, candidates)
+                # Every size: a padded step reuses it (the backward pass costs the same).
+                future = self._future_alignment(aligns, available, context, sizes)
         position = {k: i for i, k in enumerate(sizes)}
-        order = sorted(sizes, key=lambda k: (tiers[k], -future.get(k, 0), token_gap(k), position[k]))
-        return order, any(t == 0 for t in tiers.values())
+        order = sorted(sizes, key=lambda k: (tiers[k], -future.get(k, 0) if tiers[k] < 2 else 0,
+                                             token_gap(k), position[k]))
+        return order, any(t == 0 for t in tiers.values()), future
 
     def _finish(
         self,
@@ -658,12 +674,13 @@ class StepSizer:
         *,
         deferred: list[int] | None = None,
         runs: int = 0,
+        sizes: np.ndarray | None = None,
     ) -> SizingDecision:
         packed = len(bins)
         if aligned:
             final, placeholders = bins, 0
         else:
-            final, placeholders = self._pad(lengths, bins)
+            final, placeholders = self._pad(lengths, bins, sizes)
         deferred = list(deferred or [])
         return SizingDecision(
             size=len(lengths) - len(deferred),
