@@ -6,18 +6,22 @@ in ``next(loader)`` per step, with collation in the main process (workers 0) and
 2 workers while a simulated training step (a sleep, 200 ms by default) runs. Prints a markdown
 table; not a timed test.
 
-    python benchmarks/bench_loader_step.py [--steps 60]
+    python benchmarks/bench_loader_step.py [--steps 40] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
+from report import Report  # noqa: E402
 
 from megatron_packing.config import PackingConfig  # noqa: E402
 from megatron_packing.loader import build_sft_dataloader  # noqa: E402
@@ -64,11 +68,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--step-ms", type=float, default=200.0,
                         help="simulated training step that prefetching overlaps with")
+    parser.add_argument("--out", default=None, help="also save the table here")
     args = parser.parse_args()
+    report = Report(args.out)
     pools = load_pools(find_pool_dir())
-    print(f"simulated training step: {args.step_ms:.0f} ms, {args.steps} steps\n")
-    print("| B / capacity / dp | workers | wait per step median | p99 | rows per rank per step |")
-    print("|---|---|---|---|---|")
+    report.print(f"simulated training step: {args.step_ms:.0f} ms, {args.steps} steps")
+    report.print()
+    report.print("| B / capacity / dp | workers | wait per step median | p99 "
+                 "| rows per rank per step |")
+    report.print("|---|---|---|---|---|")
     for batch, capacity, dp in ((128, 4096, 8), (1024, 65536, 4)):
         lengths = mixed_stream(pools, batch * (args.steps + 4), capacity, seed=0)
         dataset = SyntheticTokens(lengths)
@@ -76,8 +84,9 @@ def main() -> None:
                                align_packing_bins_to_dp=True, oversize_policy="truncate")
         for workers in (0, 2):
             waits, rows = measure(dataset, config, dp, args.steps, workers, args.step_ms / 1e3)
-            print(f"| {batch} / {capacity:,} / {dp} | {workers} | {np.median(waits):.2f} ms "
-                  f"| {np.percentile(waits, 99):.2f} ms | {rows:.1f} |", flush=True)
+            report.print(f"| {batch} / {capacity:,} / {dp} | {workers} | {np.median(waits):.2f} ms "
+                         f"| {np.percentile(waits, 99):.2f} ms | {rows:.1f} |")
+    report.save()
 
 
 if __name__ == "__main__":

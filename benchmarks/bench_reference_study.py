@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=677)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-deferred", type=int, default=8)
-    parser.add_argument("--ceiling-max-window", type=int, default=13,
+    parser.add_argument("--ceiling-max-window", type=int, default=25,
                         help="compute the offline best path only when 2v+1 is at most this")
     parser.add_argument("--geometries", default=None,
                         help="B/capacity/dp,... (default: the six of the study)")
@@ -67,15 +67,17 @@ def main() -> None:
     report.print(f"### Summary ({args.steps} steps; deferral: at most {args.max_deferred} examples)")
     report.print()
     report.print("| B / capacity / dp | bins: fixed B | exhaustive | project | project + deferral "
+                 "| padding bins: exhaustive | project | + deferral "
                  "| aligned: exhaustive | project | + deferral | best path (offline) "
                  "| token CV: fixed B | project | + deferral | plan ms median / p99: project "
                  "| + deferral | packer runs / step: exhaustive | project | + deferral |")
-    report.print("|---" * 17 + "|")
+    report.print("|---" * 20 + "|")
     for batch, capacity, dp, (fixed, exhaustive, ours, deferred), ceiling in summary:
         best = "not run" if ceiling is None else f"{ceiling / args.steps:.1%}"
         report.print(
             f"| {batch} / {capacity // 1024}K / {dp} | {fixed.bins:,} | {exhaustive.bins:,} "
-            f"| {ours.bins:,} | {deferred.bins:,} | {exhaustive.aligned_fraction:.1%} "
+            f"| {ours.bins:,} | {deferred.bins:,} | {exhaustive.padding_bins:,} "
+            f"| {ours.padding_bins:,} | {deferred.padding_bins:,} | {exhaustive.aligned_fraction:.1%} "
             f"| {ours.aligned_fraction:.1%} | {deferred.aligned_fraction:.1%} | {best} "
             f"| {fixed.token_cv:.2%} | {ours.token_cv:.2%} | {deferred.token_cv:.2%} "
             f"| {ours.plan_ms_median:.2f} / {ours.plan_ms_p99:.1f} "

@@ -22,8 +22,10 @@ capacity). On larger windows a budget of packs is spent in the order the bound s
 
 A step that can align always does; planning ahead only chooses among such sizes. With bounded
 deferral, a step that cannot align may leave a few examples of its window to lead the next step.
-Otherwise the step takes the size with the fewest padding bins, and the missing bins are made by
-splitting the heaviest bins, so every rank still gets real work.
+Otherwise the step is padded: among the sizes packed, the one after which most of the next steps
+can align, then one whose tokens stay within a fixed-B step's token spread of the anchor, then
+the fewest padding bins. The missing bins are made by splitting the heaviest bins, so every rank
+still gets real work.
 
 Pure numpy: no torch, no ranks, no files.
 """
@@ -33,10 +35,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
 from megatron_packing.packing.algorithms import SeqPacker
+from megatron_packing.packing.rebin import split_to_count
 from megatron_packing.validation import require_int
 
 STEP_NORMAL = "normal"
@@ -256,8 +260,11 @@ class StepSizer:
             self._memo.move_to_end(key)
         return [list(b) for b in hit[0]], hit[1]
 
-    def _pad(self, lengths: np.ndarray, bins: list[list[int]]) -> tuple[list[list[int]], int]:
-        """Raise the bin count to a multiple of dp (at least dp) with balanced non-empty bins."""
+    def _pad(self, lengths: np.ndarray, bins: list[list[int]],
+             sizes: np.ndarray | None = None) -> tuple[list[list[int]], int]:
+        """Raise the bin count to a multiple of dp (at least dp) with balanced non-empty bins.
+        With ``sizes`` (the packer's sizes of ``lengths``; ``bins`` its natural packing) the bins
+        are split directly: what ``pack_to_count`` does after packing them again."""
         dp = self.dp_size
         count = len(bins)
         target = max(dp, -(-count // dp) * dp)
@@ -265,7 +272,10 @@ class StepSizer:
             return bins, 0
         items = len(lengths)
         if items >= target:  # more bins than the natural count: balanced splits of the heaviest
-            split = self.packer.pack_to_count(lengths, target)
+            natural = (sizes is not None and not self.packer.min_bin_count
+                       and self.packer.bin_count_multiple in (None, 1))
+            split = (split_to_count(bins, sizes.tolist(), target) if natural and sizes is not None
+                     else self.packer.pack_to_count(lengths, target))
             if split is not None and len(split) == target:
                 return split, 0
         # Fewer examples than rows: one example per row, the rest are placeholder rows.
@@ -304,8 +314,8 @@ class StepSizer:
         return estimate
 
     def _future_alignment(self, aligns: SegmentTest, available: int, context: StepContext,
-                          sizes: list[int], aligns_later: SegmentTest | None = None
-                          ) -> dict[int, int]:
+                          sizes: list[int], aligns_later: SegmentTest | None = None,
+                          onward_only: bool = False) -> Any:
         """For each candidate size: how many of the next steps can still align after it.
 
         Boundary j of the next few steps may sit anywhere within +-v of its nominal place
@@ -313,7 +323,9 @@ class StepSizer:
         pass over (step, offset) gives, for each boundary, the most steps after it that can
         align; ``aligns(starts, ends)`` judges the next step's segments (the bound, or real packer
         counts) and ``aligns_later`` (default: the same) those of the steps after it. Only the
-        examples read ahead are considered.
+        examples read ahead are considered. With ``onward_only``, returns instead the next
+        step's end boundaries (offsets, positions, is_tail) and the most aligned steps after
+        each (None when there is none), for a caller that judges the next step itself.
         """
         batch, v = context.batch_size, context.variation
         # Boundary positions of later steps, layer by layer (relative to the current position).
@@ -353,6 +365,10 @@ class StepSizer:
             valid = next_positions[None, :] - positions[:, None] >= 1
             if not next_tail:
                 valid &= np.abs(next_offsets[None, :] - offsets[:, None]) <= v
+            if getattr(judge, "broadcasts", False):
+                # O(1) per pair from prefix sums: judge the whole grid at once (no gathers).
+                ok = judge(positions[:, None], next_positions[None, :])
+                return np.where(valid, ok + best_after[None, :], -1).max(axis=1)
             rows, cols = np.nonzero(valid)
             gain = np.full(valid.shape, -1, dtype=np.int64)  # -1: no valid step (never chosen)
             ok = judge(positions[rows], next_positions[cols]).astype(np.int64)
@@ -361,12 +377,14 @@ class StepSizer:
 
         chosen = np.asarray(sizes, dtype=np.int64)
         if not layers:
-            return {int(k): 0 for k in chosen}
+            return None if onward_only else {int(k): 0 for k in chosen}
         # Backward: best = most aligned steps from each boundary of a layer to the horizon.
         best = np.zeros(layers[-1][1].size, dtype=np.int64)
         for index in range(len(layers) - 2, -1, -1):
             best = best_onward(layers[index][0], layers[index][1], layers[index + 1], best,
                                aligns_later or aligns)
+        if onward_only:
+            return layers[0], best
         # Taking k examples now leaves the first boundary at offset drift + k - B.
         future = best_onward(context.drift + chosen - batch, chosen, layers[0], best, aligns)
         return {int(k): max(int(f), 0) for k, f in zip(chosen, future, strict=True)}
@@ -397,7 +415,8 @@ class StepSizer:
 
         if lowest == highest:  # forced: the epoch's tail or the run's final step
             bins, ok = self._evaluate(lengths[:target], int(bounds[target]))
-            return self._finish(lengths[:target], bins, ok, 1, [target], runs=1)
+            return self._finish(lengths[:target], bins, ok, 1, [target], runs=1,
+                                sizes=aligned[:target])
 
         # Hopeless: even the largest size packs into fewer bins than dp. The target is packed;
         # the examples beyond it add about two bins per capacity of tokens at most, plus one
@@ -413,7 +432,8 @@ class StepSizer:
                 at_most = len(self.packer.pack(lengths[:highest]))
                 packs += 1
             if at_most < self.dp_size:
-                decision = self._finish(lengths[:target], bins, False, packs, [target], runs=packs)
+                decision = self._finish(lengths[:target], bins, False, packs, [target], runs=packs,
+                                        sizes=aligned[:target])
                 decision.hopeless = True
                 return decision
 
@@ -425,13 +445,18 @@ class StepSizer:
         def token_gap(k: int) -> float:
             return abs(float(tokens[k]) - anchor)
 
+        # A fixed-B step's token spread: sqrt(target) x the read-ahead's length std. A size
+        # further than this from the anchor raises the token load's spread above fixed B's.
+        spread = float(np.sqrt(target) * lengths.std()) if len(lengths) else 0.0
+
         sizes = list(_outward(target, lowest, highest))
         budget = self.budget(lowest, highest)
         if budget is None and self.exact_lookahead(lowest, highest):
             tried, packs, result = self._search_exact(lengths, estimate, context, sizes, token_gap)
+            future: dict[int, int] = {}
         else:
-            tried, packs, result = self._search_bounded(lengths, bounds, estimate, context, sizes,
-                                                        token_gap, budget, packs)
+            tried, packs, result, future = self._search_bounded(lengths, bounds, estimate, context,
+                                                                sizes, token_gap, budget, packs)
         if result is not None:
             return result
 
@@ -445,7 +470,7 @@ class StepSizer:
         # Nothing aligned: also pack the size whose bound promises the fewest padding bins
         # (ties: nearest the target).
         dp = self.dp_size
-        misaligned = []  # (padding, distance to target, token gap, size, bins)
+        misaligned = []  # (off the token spread, padding, token gap, distance, k)
         window = np.arange(lowest, highest + 1)
         estimated = bounds[window]
         est_padding = np.maximum(dp, -(-estimated // dp) * dp) - estimated
@@ -453,46 +478,77 @@ class StepSizer:
         if best not in tried:
             tried.append(best)
             packs += 1
+        packed = {}
         for size in tried:
             bins, ok = self._segment(lengths, 0, size, estimate)
             if ok:  # the size the bound favours aligned after all
                 return self._finish(lengths[:size], bins, True, packs, tried)
+            packed[size] = bins
+        # Plan ahead here too (the bound judges): a padded step that leaves the next steps able to
+        # align saves more bins than its own padding would (measured on the six study geometries:
+        # fewer bins than the exhaustive search on each, where fewest padding first was behind).
+        for size, bins in packed.items():
             padding = max(dp, -(-len(bins) // dp) * dp) - len(bins)
-            misaligned.append((padding, abs(size - target), token_gap(size), size, bins))
-        *_, size, bins = min(misaligned, key=lambda entry: entry[:4])
-        return self._finish(lengths[:size], bins, False, packs, tried)
+            gap = token_gap(size)
+            misaligned.append((gap > spread, padding, gap, abs(size - target), size))
+        ranked = [entry[-1] for entry in sorted(misaligned)]
+        size = ranked[0]
+        if self.horizon > 1 and len(ranked) > 1:
+            if any(k not in future for k in ranked):
+                future = self._future_alignment(self._bound_aligns(estimate), len(lengths),
+                                                context, ranked)
+            size = min(ranked, key=lambda k: -future[k])  # stable: ties keep the ranking
+        bins = packed[size]
+        return self._finish(lengths[:size], bins, False, packs, tried, sizes=aligned[:size])
 
     def _search_exact(self, lengths: np.ndarray, estimate: SegmentBounds, context: StepContext,
                       sizes: list[int], token_gap: Callable[[int], float]
                       ) -> tuple[list[int], int, SizingDecision | None]:
-        """Pack every size; among those that align, the most aligned steps ahead (real counts).
-
-        Returns (sizes packed, packs, the decision or None when no size aligned)."""
-        results = {k: self._segment(lengths, 0, k, estimate) for k in sizes}
-        good = [k for k in sizes if results[k][1]]
-        if not good:
-            return list(sizes), len(sizes), None
-        future: dict[int, int] = {}
-        if self.horizon > 1 and len(good) > 1:
-            def aligns(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-                return np.array([self._segment(lengths, int(s), int(e), estimate)[1]
-                                 for s, e in zip(starts, ends, strict=True)], dtype=bool)
-            # Real counts for the next step, the bound beyond: as good on real pools, 3x cheaper.
-            future = self._future_alignment(aligns, len(lengths), context, good,
-                                            self._bound_aligns(estimate))
+        """Among the sizes that align, the most aligned steps ahead (real counts for the next
+        step), then the tokens nearest the anchor. The same choice as packing every size and
+        every (size, next boundary) segment, but a segment is packed only when its result could
+        change the choice: a size only while its best case beats the best found so far (every
+        size is packed when none aligns, as the exhaustive search does)."""
         position = {k: i for i, k in enumerate(sizes)}
-        size = min(good, key=lambda k: (-future.get(k, 0), token_gap(k), position[k]))
-        bins, _ = results[size]
-        return list(sizes), len(sizes), self._finish(lengths[:size], bins, True, len(sizes), list(sizes))
+        ranked = sorted(sizes, key=lambda k: (token_gap(k), position[k]))
+        # Real counts for the next step, the bound beyond: as good on real pools, 3x cheaper.
+        onward = (self._future_alignment(self._bound_aligns(estimate), len(lengths), context,
+                                         sizes, onward_only=True) if self.horizon > 1 else None)
+        tried: list[int] = []
+        chosen, most = None, -1
+        for k in ranked:
+            ends, after = None, -1  # no admissible next step counts 0, as in `_future_alignment`
+            if onward is not None:
+                (offsets, positions, tail), best = onward
+                valid = positions - k >= 1
+                if not tail:
+                    valid &= np.abs(offsets - (context.drift + k - context.batch_size)) <= context.variation
+                if valid.any():
+                    after = int(best[valid].max())
+                    ends = positions[valid & (best == after)]
+            if max(after + 1, 0) <= most:
+                continue  # cannot beat the best so far (ties keep the earlier size)
+            bins, ok = self._segment(lengths, 0, k, estimate)
+            tried.append(k)
+            if not ok:
+                continue
+            future = 0 if ends is None else max(after + int(any(
+                self._segment(lengths, k, int(e), estimate)[1] for e in ends)), 0)
+            if future > most:
+                chosen, most, chosen_bins = k, future, bins
+                if onward is None:
+                    break  # no planning ahead: the first that aligns
+        if chosen is None:
+            return tried, len(tried), None
+        return tried, len(tried), self._finish(lengths[:chosen], chosen_bins, True, len(tried), tried)
 
     def _search_bounded(self, lengths: np.ndarray, bounds: np.ndarray, estimate: SegmentBounds,
                         context: StepContext, sizes: list[int], token_gap: Callable[[int], float],
-                        budget: int | None, packs: int
-                        ) -> tuple[list[int], int, SizingDecision | None]:
-        """Pack sizes in the bound's order, at most ``budget``; take the first that aligns.
-
-        Returns (sizes packed, packs so far, the decision or None when none aligned)."""
-        order, exact = self._search_order(sizes, bounds, estimate, len(lengths), context, token_gap)
+                        budget: int | None, packs: int) -> Any:
+        """Pack sizes in the bound's order, at most ``budget``; take the first that aligns. Also
+        returns the steps ahead that can align after each size, where they were computed."""
+        order, exact, future = self._search_order(sizes, bounds, estimate, len(lengths), context,
+                                                  token_gap)
         if budget is not None and not exact:
             budget = min(budget, self.unlikely_packs)  # no bound is a multiple of dp: rarely aligns
         tried: list[int] = []
@@ -503,8 +559,8 @@ class StepSizer:
             packs += 1
             tried.append(size)
             if ok:
-                return tried, packs, self._finish(lengths[:size], bins, True, packs, tried)
-        return tried, packs, None
+                return tried, packs, self._finish(lengths[:size], bins, True, packs, tried), future
+        return tried, packs, None, future
 
     def _search_deferral(self, lengths: np.ndarray, aligned: np.ndarray, estimate: SegmentBounds,
                          context: StepContext, forced: int, target: int, tokens: np.ndarray,
@@ -619,17 +675,19 @@ class StepSizer:
             counts = estimate(starts, ends)
             return (counts % dp == 0) & (counts >= dp)
 
+        aligns.broadcasts = True  # type: ignore[attr-defined]  # element-wise: takes a grid
         return aligns
 
     def _search_order(self, sizes: list[int], bounds: np.ndarray, estimate: SegmentBounds,
                       available: int, context: StepContext, token_gap: Callable[[int], float]
-                      ) -> tuple[list[int], bool]:
+                      ) -> tuple[list[int], bool, dict[int, int]]:
         """The order in which to pack the window's sizes (given nearest the target first).
 
         Sizes whose bound is itself a multiple of dp come first (the packers here usually reach
         the bound), then those a bin above one; among each, the sizes after which most of the
         next few steps can align, then the tokens nearest the anchor; then the rest, which only
-        a larger budget reaches. Also says whether any bound is itself a multiple of dp.
+        a larger budget reaches. Also says whether any bound is itself a multiple of dp, and
+        gives the steps ahead that can align after each size, where it was computed.
         """
         dp = self.dp_size
 
@@ -645,10 +703,12 @@ class StepSizer:
         if self.horizon > 1:
             candidates = [k for k in sizes if tiers[k] < 2]
             if len(candidates) > 1:
-                future = self._future_alignment(aligns, available, context, candidates)
+                # Every size: a padded step reuses it (the backward pass costs the same).
+                future = self._future_alignment(aligns, available, context, sizes)
         position = {k: i for i, k in enumerate(sizes)}
-        order = sorted(sizes, key=lambda k: (tiers[k], -future.get(k, 0), token_gap(k), position[k]))
-        return order, any(t == 0 for t in tiers.values())
+        order = sorted(sizes, key=lambda k: (tiers[k], -future.get(k, 0) if tiers[k] < 2 else 0,
+                                             token_gap(k), position[k]))
+        return order, any(t == 0 for t in tiers.values()), future
 
     def _finish(
         self,
@@ -660,12 +720,13 @@ class StepSizer:
         *,
         deferred: list[int] | None = None,
         runs: int = 0,
+        sizes: np.ndarray | None = None,
     ) -> SizingDecision:
         packed = len(bins)
         if aligned:
             final, placeholders = bins, 0
         else:
-            final, placeholders = self._pad(lengths, bins)
+            final, placeholders = self._pad(lengths, bins, sizes)
         deferred = list(deferred or [])
         return SizingDecision(
             size=len(lengths) - len(deferred),

@@ -21,16 +21,16 @@ from .plan_digests import (
 )
 
 EXPECTED = {
-    "128/4K/dp8": "9fb6674999d980443e1eb5149b4379f7",
+    "128/4K/dp8": "fe82a732ae43df80958ddc45669fca90",
     "128/4K/dp8 deferral": "406fc492aad7788f0734cd7aa6638a6e",
-    "256/16K/dp4 ffd": "77a5acb94894d0ff720b9b84b7f550ff",
-    "64/8K/dp4 bfd tp2 cp2": "e726d57510f720f7c860ce77a16315a6",
+    "256/16K/dp4 ffd": "e5e22d2162cffc9961a9d0cb69fae106",
+    "64/8K/dp4 bfd tp2 cp2": "2330087d9e401e2b6af3d3d1dd7441dc",
     "96/4K/dp2 round robin": "ef3141494d061bdc7d21b77c14f88759",
     "128/4K/dp8 fixed B": "ad083199665398105100328e23fb2f6b",
-    "1024/64K/dp8": "bbcee01f484801c61654cf692c57c600",
+    "1024/64K/dp8": "cdf22d4e5972fe937e1c61c2f0fd0beb",
     "padded 64/dp4 budget 16K": "7c7231dd8fc42dc5705151cfe2ce54d0",
     "padded 48/dp2 mbs 4": "48f6830e58ae5934d65362badecde238",
-    "config 64/8K/dp4 seed 99": "28f0eb1e2509df62d81d7f47042df749",
+    "config 64/8K/dp4 seed 99": "8d3910406892c12c1c1ec49932af0891",
 }
 
 

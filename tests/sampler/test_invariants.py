@@ -91,7 +91,6 @@ def test_bins_divide_by_dp_whenever_some_size_in_the_window_allows_it(s):
                     f"step {j}: size {size} packs into {count} bins, a multiple of dp, "
                     "but the step was not aligned"
                 )
-            # the fallback uses the fewest padding bins among the window's sizes
         emitted += plan.num_examples
         drift += plan.num_examples - sampler.batch_size
 
