@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> str:
         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs visible "
         "(shared with other jobs while measured), Python " + platform.python_version() + ".",
         "Build = parse + validate + chat template + tokenize + write the memory-mapped store.",
-        "Cached load = `load_sft_dataset` again (hashes the data file, checks the key, maps arrays).",
+        "Cached load = `load_sft_dataset` again (hashes the data file or reuses its remembered "
+        "hash, checks the key, maps arrays).",
         "",
         "| num_proc | records | tokens | build s | build records/s | cached load s | "
         "load_length_index + sum s | ds[i] us |",

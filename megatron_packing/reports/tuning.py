@@ -149,8 +149,8 @@ def recommend(points: Sequence[TunePoint], *, current_capacity: int, current_var
         reasons.append(f"bin_capacity {current_capacity} -> {chosen.bin_capacity} ({direction}; "
                        "the model's sequence length must allow it)")
     else:
-        reasons.append(f"keeps bin_capacity {current_capacity}: no other capacity fills better "
-                       "by more than the tolerance")
+        reasons.append(f"keeps bin_capacity {current_capacity}: no other capacity that truncates "
+                       "no more fills better by more than the tolerance")
     wider = sorted((p for p in shortlist if p.bin_capacity == chosen.bin_capacity
                     and p.variation > chosen.variation), key=lambda p: p.variation)
     if wider:
