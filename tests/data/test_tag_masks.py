@@ -71,7 +71,7 @@ def tokens_and_spans(draw):
     return offsets, spans
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(tokens_and_spans())
 def test_a_slice_marks_exactly_the_tokens_overlapping_a_span(case):
     offsets, spans = case
