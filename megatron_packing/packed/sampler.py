@@ -48,7 +48,8 @@ class PlannedBatch(Sequence[int]):
     dp_rank: int | None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "indices", tuple(int(i) for i in self.indices))
+        if not isinstance(self.indices, tuple):  # the sampler passes tuples of ints already
+            object.__setattr__(self, "indices", tuple(int(i) for i in self.indices))
 
     def __len__(self) -> int:
         return len(self.indices)

@@ -53,8 +53,7 @@ def test_state_is_the_latest_iterators_and_a_finished_one_hands_its_place_on(mak
     resumed = make()
     resumed.load_state_dict(state)
     assert [tuple(s) for s in resumed] == rest
-    next_epoch = [s.plan.epoch if hasattr(s.plan, "epoch") else None for s in [next(iter(sampler))]]
-    assert next_epoch == [1]  # the next iter() begins the next epoch
+    assert next(iter(sampler)).plan.epoch == 1  # the next iter() begins the next epoch
 
 
 def test_an_abandoned_iterator_leaves_the_next_one_at_the_last_finished_place():
