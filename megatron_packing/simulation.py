@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import SequentialSampler
 
+from megatron_packing.config.components import PlannerConfig
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, imbalance
 from megatron_packing.packing.reference import ReferenceRun, best_contiguous_path, plan_exhaustively
@@ -103,7 +104,7 @@ def simulate(
     align: bool,
     variation: float = 0.05,
     algorithm: str = "mffd",
-    lookahead_steps: int = 3,
+    lookahead_steps: int = PlannerConfig.lookahead_steps,
     max_packs: int | None = 8,
     max_deferred_examples: int = 0,
     label: str | None = None,

@@ -122,7 +122,7 @@ class PlannerConfig:
     """The window as a fraction of B, in (0, 1): v = floor(B x allowed_variation) examples."""
     align_to_dp: bool = True
     """Vary the step's size within +-v so its bin count divides by dp (False: always B)."""
-    lookahead_steps: int = 3
+    lookahead_steps: int = 6
     """Steps planned jointly when choosing a boundary (1 = greedy)."""
     max_packs: int | None = 8
     """Packer runs per step in the search on large windows; None searches the whole window."""

@@ -21,16 +21,16 @@ from .plan_digests import (
 )
 
 EXPECTED = {
-    "128/4K/dp8": "fe82a732ae43df80958ddc45669fca90",
-    "128/4K/dp8 deferral": "406fc492aad7788f0734cd7aa6638a6e",
-    "256/16K/dp4 ffd": "e5e22d2162cffc9961a9d0cb69fae106",
-    "64/8K/dp4 bfd tp2 cp2": "2330087d9e401e2b6af3d3d1dd7441dc",
+    "128/4K/dp8": "92a127e8d9f13da16af44756bb8b5009",
+    "128/4K/dp8 deferral": "77d6148baeffafd7c9c12f4abe70c240",
+    "256/16K/dp4 ffd": "e0785b0014cb26ac473ed8f45e819a99",
+    "64/8K/dp4 bfd tp2 cp2": "2d4479efb0de4a9183483a8dfbd1aeaf",
     "96/4K/dp2 round robin": "ef3141494d061bdc7d21b77c14f88759",
     "128/4K/dp8 fixed B": "ad083199665398105100328e23fb2f6b",
     "1024/64K/dp8": "cdf22d4e5972fe937e1c61c2f0fd0beb",
     "padded 64/dp4 budget 16K": "7c7231dd8fc42dc5705151cfe2ce54d0",
     "padded 48/dp2 mbs 4": "48f6830e58ae5934d65362badecde238",
-    "config 64/8K/dp4 seed 99": "8d3910406892c12c1c1ec49932af0891",
+    "config 64/8K/dp4 seed 99": "3f9b96544274fa9ecb30b48797970801",
 }
 
 
