@@ -61,7 +61,7 @@ ORDER_CHANGES = [
     ("algorithm", dict(packing_algorithm="bfd"), "algorithm", "mffd", "bfd"),
     ("align_to_dp", dict(align_packing_bins_to_dp=False), "align_to_dp", True, False),
     ("tp_size", dict(tp_size=2), "alignment", [1, 1], [1, 2]),
-    ("lookahead", dict(lookahead_steps=1), "lookahead_steps", 3, 1),
+    ("lookahead", dict(lookahead_steps=1), "lookahead_steps", 6, 1),
     ("oversize_policy", dict(oversize_policy="own_bin"), "oversize_policy", "error", "own_bin"),
     ("rank_assignment", dict(rank_assignment="round_robin"), "rank_assignment",
      "karmarkar_karp", "round_robin"),
