@@ -8,7 +8,7 @@ contiguous steps and uses the packer's natural counts can beat it; bounded defer
 contiguous and can. The same programme gives the fewest bins (padded to dp) of any contiguous
 path. Prints a table; not a timed test.
 
-    python benchmarks/bench_alignment_ceiling.py [--steps 200] [--out FILE]
+    python benchmarks/bench_alignment_ceiling.py [--steps 200] [--geometries B/C/dp,...] [--out FILE]
 """
 
 from __future__ import annotations
@@ -38,15 +38,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-deferred", type=int, default=8)
+    parser.add_argument("--geometries", default="128/4096/8,128/4096/4",
+                        help="B/capacity/dp,... (the path packs about (2v+1)^2 segments a step)")
     parser.add_argument("--out", default=None, help="also save the table here")
     args = parser.parse_args()
+    geometries = [tuple(int(x) for x in g.split("/")) for g in args.geometries.split(",")]
     report = Report(args.out)
     pools = load_pools(find_pool_dir())
     report.print("| B / capacity / dp | steps | aligned: fixed B | exhaustive | project "
                  f"| project + deferral (<= {args.max_deferred}) | best contiguous path (offline) "
                  "| bins: exhaustive | project | + deferral | fewest of any contiguous path (offline) |")
     report.print("|---" * 11 + "|")
-    for batch, capacity, dp in ((128, 4096, 8), (128, 4096, 4)):
+    for batch, capacity, dp in geometries:
         lengths = mixed_stream(pools, batch * args.steps, capacity, seed=args.seed)
         common = dict(batch_size=batch, capacity=capacity, dp_size=dp, steps=args.steps)
         fixed, exhaustive, ours, deferred = compare(

@@ -209,6 +209,26 @@ def test_deferral_skips_only_prefixes_that_cannot_beat_the_best():
     assert sum(p.packer_runs for p in skipping) < 0.9 * sum(p.packer_runs for p in opening)
 
 
+def test_a_remembered_grid_is_reused_only_for_the_same_examples():
+    # The bound's judgements of a (boundary, next boundary) grid are remembered across steps;
+    # another stream with the same first example and the same boundaries must be judged anew.
+    capacity, dp = 4096, 8
+    sizer = StepSizer(make_seq_packer("mffd", bin_capacity=capacity, oversize_policy="truncate"), dp)
+    first = pool_stream(400, capacity).astype(np.int64)
+    second = first.copy()
+    second[60:90] = capacity  # heavier middle: more bins for every pair spanning it
+    starts, ends = np.arange(0, 21)[:, None], np.arange(100, 141)[None, :]
+    grids = []
+    for lengths in (first, second, first, second):
+        estimate = sizer._segment_estimator(lengths)
+        counts = estimate(starts, ends)
+        grid = sizer._bound_aligns(estimate)(starts, ends)
+        assert (grid == ((counts % dp == 0) & (counts >= dp))).all()
+        grids.append(grid)
+    assert not (grids[0] == grids[1]).all()
+    assert len(sizer._grids) == 2  # each stream's grid judged once, then remembered
+
+
 def test_the_bound_judges_a_whole_grid_as_it_judges_pairs():
     # The bound's judge takes the (boundary, next boundary) grid at once; judging the valid
     # pairs one by one must give the same counts of aligned steps ahead.
