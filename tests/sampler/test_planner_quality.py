@@ -229,6 +229,25 @@ def test_a_remembered_grid_is_reused_only_for_the_same_examples():
     assert len(sizer._grids) == 2  # each stream's grid judged once, then remembered
 
 
+@pytest.mark.parametrize("capacity, count", [(4096, 3000), (1 << 20, 10_000)])
+def test_the_bound_is_exact_arithmetic_in_either_integer_width(capacity, count):
+    # The bound is computed in int32 when the read-ahead's tokens fit and in int64 otherwise
+    # (the second case holds about 2.4e9 tokens, more than int32 can count). No example is
+    # above a quarter of the capacity, so the token count decides the bound.
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(capacity // 5, capacity // 4, size=count).astype(np.int64)
+    sizer = StepSizer(make_seq_packer("mffd", bin_capacity=capacity, oversize_policy="truncate"), 8)
+    estimate = sizer._segment_estimator(lengths)
+    starts = np.array([0, 7, 100, 1500])
+    ends = np.array([count, count - 100, 2999, 1501])
+    expected = []
+    for start, end in zip(starts, ends, strict=True):
+        segment = lengths[start:end]
+        crowded = [-(-int(np.sum(segment * (t + 1) > capacity)) // t) for t in (1, 2, 3)]
+        expected.append(max(-(-int(segment.sum()) // capacity), *crowded))
+    assert estimate(starts, ends).tolist() == expected
+
+
 def test_the_bound_judges_a_whole_grid_as_it_judges_pairs():
     # The bound's judge takes the (boundary, next boundary) grid at once; judging the valid
     # pairs one by one must give the same counts of aligned steps ahead.
