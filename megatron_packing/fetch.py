@@ -14,11 +14,13 @@ whose prompt alone fills the capacity would train nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from megatron_packing.plan_types import TupleSequence
 
 
 class FetchedExampleError(ValueError):
@@ -26,7 +28,7 @@ class FetchedExampleError(ValueError):
 
 
 @dataclass(frozen=True)
-class PlannedExamples(Sequence[Any]):
+class PlannedExamples(TupleSequence):
     """Fetched examples (in the order of the planned indices) plus the step's plan.
 
     A read-only sequence of the examples; what the collator receives from a worker or the main
@@ -37,15 +39,7 @@ class PlannedExamples(Sequence[Any]):
     indices: tuple[int, ...]
     plan: Any
     dp_rank: int | None
-
-    def __len__(self) -> int:
-        return len(self.examples)
-
-    def __getitem__(self, position: Any) -> Any:
-        return self.examples[position]
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.examples)
+    _items = "examples"
 
     def by_index(self) -> dict[int, Any]:
         return dict(zip(self.indices, self.examples, strict=True))

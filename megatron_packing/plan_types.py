@@ -10,6 +10,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+class TupleSequence(Sequence[Any]):
+    """A read-only sequence over the tuple that ``_items`` names (a dataclass field).
+
+    What the DataLoader hands to a dataset, and what the collator receives, are such sequences
+    with the step's plan alongside."""
+
+    _items: str = "indices"
+
+    def __len__(self) -> int:
+        return len(getattr(self, self._items))
+
+    def __getitem__(self, position: Any) -> Any:
+        return getattr(self, self._items)[position]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(getattr(self, self._items))
+
+
 @dataclass(frozen=True)
 class StepPlan:
     """Everything every rank needs to know about one step; identical on all ranks."""
@@ -80,7 +98,7 @@ class StepMetadata:
 
 
 @dataclass(frozen=True)
-class PaddedStepPlan(Sequence[int]):
+class PaddedStepPlan(TupleSequence):
     """This rank's example indices for one step (input order), with the step's plan.
 
     A read-only sequence of dataset indices (what the DataLoader hands to ``__getitems__``) that
@@ -106,15 +124,6 @@ class PaddedStepPlan(Sequence[int]):
     global_num_loss_tokens: int | None
     plan_ms: float
     is_eval: bool
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, position: Any) -> Any:
-        return self.indices[position]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices)
 
     @property
     def plan(self) -> PaddedStepPlan:

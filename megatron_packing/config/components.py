@@ -28,6 +28,7 @@ from typing import Any, TypeVar, cast
 from megatron_packing.packing.alignment import FP8_RECIPES, Alignment, make_alignment
 from megatron_packing.packing.balance import DEFAULT_ATTENTION_COST_CONSTANT
 from megatron_packing.packing.microbatch import SPLIT_METHODS, SplitMethod
+from megatron_packing.packing.step_sizing import DEFAULT_LOOKAHEAD_STEPS
 from megatron_packing.validation import (
     ConfigError,
     allowed_batch_variation,
@@ -122,7 +123,7 @@ class PlannerConfig:
     """The window as a fraction of B, in (0, 1): v = floor(B x allowed_variation) examples."""
     align_to_dp: bool = True
     """Vary the step's size within +-v so its bin count divides by dp (False: always B)."""
-    lookahead_steps: int = 6
+    lookahead_steps: int = DEFAULT_LOOKAHEAD_STEPS
     """Steps planned jointly when choosing a boundary (1 = greedy)."""
     max_packs: int | None = 8
     """Packer runs per step in the search on large windows; None searches the whole window."""

@@ -15,7 +15,7 @@ import hashlib
 import math
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +26,7 @@ from megatron_packing.config.components import PackedSamplerConfig, config_or_ke
 from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, imbalance
 from megatron_packing.packing.factory import make_seq_packer
 from megatron_packing.packing.step_sizing import StepContext, StepSizer
-from megatron_packing.plan_types import StepPlan
+from megatron_packing.plan_types import StepPlan, TupleSequence
 from megatron_packing.state_checks import check_fingerprint, check_state_keys
 from megatron_packing.step_stream import OrderPosition, StepStream
 from megatron_packing.validation import require_int, require_positive_int
@@ -36,7 +36,7 @@ STATE_KEYS = ("version", "fingerprint", "order", "carry", "step", "step_in_epoch
 
 
 @dataclass(frozen=True)
-class PlannedBatch(Sequence[int]):
+class PlannedBatch(TupleSequence):
     """One step's example indices (a rank's, or the whole global batch) with the step's plan.
 
     Behaves as a read-only sequence of dataset indices, which is what a DataLoader hands to the
@@ -51,14 +51,6 @@ class PlannedBatch(Sequence[int]):
         if not isinstance(self.indices, tuple):  # the sampler passes tuples of ints already
             object.__setattr__(self, "indices", tuple(int(i) for i in self.indices))
 
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, position: Any) -> Any:
-        return self.indices[position]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices)
 
 
 @dataclass

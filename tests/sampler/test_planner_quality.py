@@ -41,6 +41,12 @@ def plans_of(lengths, batch, dp, capacity, steps, **options) -> tuple[DPAlignedP
         return sampler, [b.plan for b in sampler]
 
 
+def exhaustive(lengths, batch, dp, capacity, steps):
+    """The exhaustive reference on the same stream (variation 0.05, as `plans_of` uses)."""
+    return plan_exhaustively(lengths, batch_size=batch, capacity=capacity, dp_size=dp,
+                             variation=allowed_batch_variation(batch, 0.05), steps=steps)
+
+
 # ---------------------------------------------------------------------------- the target
 @pytest.mark.parametrize("drift", [-3, 2, 5])
 def test_a_step_aims_at_b_minus_drift(drift):
@@ -109,8 +115,7 @@ def test_never_behind_the_exhaustive_search_on_a_small_window():
     batch, capacity, dp, steps = 64, 4096, 8, 120
     lengths = pool_stream(batch * steps, capacity)
     _, plans = plans_of(lengths, batch, dp, capacity, steps)
-    reference = plan_exhaustively(lengths, batch_size=batch, capacity=capacity, dp_size=dp,
-                                  variation=allowed_batch_variation(batch, 0.05), steps=steps)
+    reference = exhaustive(lengths, batch, dp, capacity, steps)
     ours = sum(p.num_bins for p in plans)
     assert ours <= reference.bins, (ours, reference.bins)
     assert sum(p.aligned for p in plans) >= reference.aligned_steps
@@ -122,8 +127,7 @@ def test_padded_steps_weigh_their_padding_too():
     batch, capacity, dp, steps = 128, 4096, 8, 300
     lengths = pool_stream(batch * steps, capacity)
     _, plans = plans_of(lengths, batch, dp, capacity, steps)
-    reference = plan_exhaustively(lengths, batch_size=batch, capacity=capacity, dp_size=dp,
-                                  variation=allowed_batch_variation(batch, 0.05), steps=steps)
+    reference = exhaustive(lengths, batch, dp, capacity, steps)
     assert sum(p.num_bins for p in plans) <= reference.bins, reference.bins
 
 
@@ -134,8 +138,7 @@ def test_padded_steps_plan_ahead_too():
     batch, capacity, dp, steps = 128, 4096, 8, 120
     lengths = pool_stream(batch * steps, capacity)
     _, plans = plans_of(lengths, batch, dp, capacity, steps)
-    reference = plan_exhaustively(lengths, batch_size=batch, capacity=capacity, dp_size=dp,
-                                  variation=allowed_batch_variation(batch, 0.05), steps=steps)
+    reference = exhaustive(lengths, batch, dp, capacity, steps)
     aligned = sum(p.aligned for p in plans)
     assert aligned >= reference.aligned_steps + steps // 10, (aligned, reference.aligned_steps)
 
