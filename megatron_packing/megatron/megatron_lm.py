@@ -80,14 +80,46 @@ class ConsumedExamples:
         self.loss_tokens, self.steps = int(state["loss_tokens"]), int(state["steps"])
 
 
-def megatron_lm_loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor
+SPIKY_LOSS_FACTOR = 10
+"""A loss ten times the largest seen so far is a spike (the factor Megatron-LM's GPT loss uses)."""
+
+
+def megatron_lm_loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor, *,
+                          check_nan: bool = False, check_spiky: bool = False
                           ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Loss for Megatron-LM with ``--calculate-per-token-loss``: (token sum, token count, report).
 
     The loop divides the DP-summed gradient by the all-reduced count once: the global mean.
+    ``check_nan`` (Megatron's ``--check-for-nan-in-loss-and-grad``) and ``check_spiky``
+    (``--check-for-spiky-loss``) hand this rank's loss to megatron-core's rerun state machine
+    before any reduction, as Megatron-LM's own GPT loss does: a NaN or Inf is fatal, a spike is
+    reported. What follows (rerun in place, checkpoint and exit) is the state machine's.
     """
     mask = loss_mask.reshape(-1).to(output_tensor.dtype)
     total = (output_tensor.reshape(-1).float() * mask.float()).sum()
     tokens = mask.sum().to(torch.int)
+    if check_nan or check_spiky:
+        _validate_loss(total, check_nan=check_nan, check_spiky=check_spiky)
     report = torch.stack([total.detach(), tokens.detach().float()])
     return total, tokens, {"lm loss": report}
+
+
+def _validate_loss(loss: torch.Tensor, *, check_nan: bool, check_spiky: bool) -> None:
+    from functools import partial
+
+    from megatron.core.rerun_state_machine import get_rerun_state_machine
+
+    machine = get_rerun_state_machine()
+    if check_nan:
+        machine.validate_result(result=loss, rejection_func=torch.isnan,
+                                message="found NaN in local forward loss calculation",
+                                tolerance=0.0, fatal=True)
+        machine.validate_result(result=loss, rejection_func=torch.isinf,
+                                message="found Inf in local forward loss calculation",
+                                tolerance=0.0, fatal=True)
+    if check_spiky:
+        machine.validate_result(
+            result=loss,
+            rejection_func=partial(machine.is_unexpectedly_large, threshold=SPIKY_LOSS_FACTOR,
+                                   context="loss"),
+            message="Spiky loss", tolerance=0.0, fatal=False)

@@ -38,39 +38,99 @@ class MegatronArgumentError(ValueError):
 
 
 def check_megatron_arguments(args: Any) -> None:
-    """Refuse Megatron-LM settings that contradict a per-step micro-batch count."""
-    problems = []
-    if getattr(args, "rampup_batch_size", None):
+    """Refuse, before anything is built, every Megatron-LM setting the packing loop cannot honour.
+
+    ``args`` is what Megatron's parser returns (before its own validation fills derived values,
+    so virtual pipeline stages are read from the arguments that ask for them). The rules are
+    `megatron_packing.megatron_lm.argument_policy.POLICY`.
+    """
+    from megatron_packing.megatron_lm.argument_policy import refusals
+
+    problems = refusals(args)
+    if getattr(args, "num_experts", None) and not moe_router_runs():
         problems.append(
-            "--rampup-batch-size: the packing loop already varies the batch per step and "
-            "cannot ramp it; remove the argument (warm up with --lr-warmup-iters instead)")
-    if args.micro_batch_size != 1:
-        problems.append(
-            f"--micro-batch-size {args.micro_batch_size}: one micro-batch is one packed row; "
-            "use --micro-batch-size 1 and size rows with --seq-length / bin_capacity")
-    if not args.train_iters:
-        problems.append(
-            "--train-samples: the packing loop schedules by iterations (the final one repays "
-            "the batch-size drift); use --train-iters")
-    if not getattr(args, "calculate_per_token_loss", False):
-        problems.append(
-            "--calculate-per-token-loss is required: the loss is a token sum divided once by "
-            "the step's global loss-token count, which is what makes packing exact")
-    if getattr(args, "use_legacy_models", False):
-        problems.append("--use-legacy-models: the packing loop drives megatron-core models only")
-    if getattr(args, "num_experts", None) and getattr(args, "moe_router_load_balancing_type",
-                                                        "none") != "none":
-        problems.append("MoE auxiliary losses are normalised per micro-batch; not supported yet "
-                        "(use --moe-router-load-balancing-type none)")
-    if getattr(args, "virtual_pipeline_model_parallel_size", None):
-        problems.append(
-            "--num-layers-per-virtual-pipeline-stage / --num-virtual-stages-per-pipeline-rank: "
-            "the interleaved schedule needs the micro-batch count to divide by the pipeline "
-            "size, which a per-step count does not guarantee; use the plain 1F1B pipeline "
-            "(drop the virtual pipeline arguments)")
+            "--num-experts: this megatron-core's MoE router calls Transformer Engine's GEMM "
+            "whenever it is installed and fails with a NameError when it is not "
+            "(megatron.core.transformer.moe.moe_utils.te_general_gemm is undefined); install "
+            "Transformer Engine (on GPUs: pip install transformer_engine[pytorch]) to train MoE")
     if problems:
         raise MegatronArgumentError(
             "Megatron-LM arguments the packing loop cannot honour:\n  - " + "\n  - ".join(problems))
+
+
+def moe_router_runs() -> bool:
+    """Whether megatron-core's MoE router can run here (its GEMM name is bound)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    return hasattr(moe_utils, "te_general_gemm")
+
+
+def validation_steps(eval_iters: int, available: int, valid_ds: Any, batch_size: int, *,
+                     explicit: bool) -> int:
+    """How many validation steps each evaluation runs.
+
+    ``--eval-iters`` may not ask for more steps than the validation set gives (they would
+    quietly be fewer); Megatron's default (100), when not given, means the whole set, and says
+    so once.
+    """
+    if eval_iters <= available:
+        return eval_iters
+    if explicit:
+        raise MegatronArgumentError(
+            f"--eval-iters {eval_iters}: the validation set ({len(valid_ds)} examples) gives "
+            f"{available} validation steps of --global-batch-size {batch_size}; use "
+            f"--eval-iters {available} or less, or add validation examples")
+    from megatron.training import print_rank_0
+
+    print_rank_0(f"> validation: --eval-iters not given (Megatron's default is {eval_iters}); "
+                 f"each evaluation runs the whole validation set: {available} steps")
+    return available
+
+
+def check_resumed_batch_size(args: Any, dp_rank: int) -> None:
+    """On ``--load``, refuse another ``--global-batch-size`` before Megatron's scheduler does.
+
+    The saved loader state records the B its plan was made for. Megatron's own check fires later,
+    inside ``load_checkpoint``, with a message about warmup iterations that never names B.
+    """
+    import os
+
+    import torch
+
+    from megatron_packing.megatron_lm.data import checkpoint_to_load, loader_state_path
+
+    if not args.load or args.finetune:
+        return
+    found = checkpoint_to_load(args)
+    if found is None:
+        return
+    iteration, _ = found
+    path = loader_state_path(args.load, iteration, dp_rank)
+    if not os.path.isfile(path):
+        return  # refused with its own message once the checkpoint is loaded
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    saved = _saved_fingerprint(state).get("batch_size")
+    if saved is not None and saved != args.global_batch_size:
+        raise MegatronArgumentError(
+            f"--global-batch-size {args.global_batch_size}: the checkpoint at iteration "
+            f"{iteration} under {args.load} was trained with --global-batch-size {saved}. The "
+            "packing plan and the LR schedule (sized as iters x --global-batch-size examples) "
+            f"depend on it: resume with --global-batch-size {saved}. "
+            "--override-opt_param-scheduler would take the new LR schedule, but the data "
+            "stream's plan would still be the saved one, so it is refused too; to train on with "
+            "another batch size, start a new run from these weights with --finetune")
+
+
+def _saved_fingerprint(state: Any) -> dict[str, Any]:
+    """The sampler's fingerprint inside a saved loader state (wherever torchdata nests it)."""
+    if isinstance(state, dict):
+        if isinstance(state.get("fingerprint"), dict):
+            return state["fingerprint"]
+        for value in state.values():
+            found = _saved_fingerprint(value)
+            if found:
+                return found
+    return {}
 
 
 def resolve_packing_config(packing: PackingConfig | Mapping[str, Any], args: Any, *, dp_size: int,

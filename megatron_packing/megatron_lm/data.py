@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -55,26 +56,26 @@ class TrainStream:
     def state_dict(self) -> dict[str, Any]:
         return {"loader": self.loader.state_dict(), "counter": self.counter.state_dict()}
 
+    def save_state(self) -> dict[str, Any]:
+        """What Megatron's dataloader hook stores in a checkpoint (``iterable.save_state()``)."""
+        return self.state_dict()
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.loader.load_state_dict(state["loader"])
         self.counter.load_state_dict(state["counter"])
         self._iterator = None
 
 
-class _CheckpointHook:
-    """What Megatron-LM's ``maybe_save_dataloader_state`` reads: ``.iterable.save_state()``."""
+def checkpoint_hook(stream: TrainStream) -> Any:
+    """The object to pass as ``save_checkpoint(..., train_data_iterator=...)``.
 
-    def __init__(self, stream: TrainStream) -> None:
-        self.iterable = self
-        self._stream = stream
+    Megatron-LM wraps its own training iterator in megatron-core's ``RerunDataIterator``, whose
+    ``.iterable`` its dataloader hook asks for ``save_state()``; the stream is wrapped the same
+    way, so the hook and the rerun state machine's checkpoint both see what they expect.
+    """
+    from megatron.core.rerun_state_machine import RerunDataIterator
 
-    def save_state(self) -> dict[str, Any]:
-        return self._stream.state_dict()
-
-
-def checkpoint_hook(stream: TrainStream) -> _CheckpointHook:
-    """The object to pass as ``save_checkpoint(..., train_data_iterator=...)``."""
-    return _CheckpointHook(stream)
+    return RerunDataIterator(stream)
 
 
 def loader_state_path(checkpoint_dir: str, iteration: int, dp_rank: int) -> str:
@@ -83,6 +84,34 @@ def loader_state_path(checkpoint_dir: str, iteration: int, dp_rank: int) -> str:
 
     return get_checkpoint_name(checkpoint_dir, iteration, tensor_rank=0, pipeline_rank=0,
                                expert_rank=0, basename=LOADER_STATE_BASENAME.format(dp_rank=dp_rank))
+
+
+def checkpoint_to_load(args: Any) -> tuple[int, str] | None:
+    """(iteration, directory) of the checkpoint ``--load`` will take, as Megatron chooses it.
+
+    The persistent tracker under ``--load`` (or ``--ckpt-step``), unless a global non-persistent
+    checkpoint is at least as new. None when there is nothing to load.
+    """
+    from megatron.training.checkpointing import get_checkpoint_tracker_filename
+
+    def tracked(directory: str) -> int:
+        tracker = get_checkpoint_tracker_filename(directory)
+        if not os.path.isfile(tracker):
+            return -1
+        text = Path(tracker).read_text().strip()
+        return int(text) if text.isdigit() else -1
+
+    iteration = tracked(args.load)
+    if getattr(args, "ckpt_step", None):
+        iteration = int(args.ckpt_step)
+    choice = (iteration, args.load)
+    if getattr(args, "non_persistent_ckpt_type", None) == "global":
+        directory = args.non_persistent_global_ckpt_dir or os.path.join(args.load,
+                                                                         "non_persistent")
+        newer = tracked(directory)
+        if newer >= iteration and newer > 0:
+            choice = (newer, directory)
+    return choice if choice[0] > 0 else None
 
 
 def restore_loader_state(stream: TrainStream, checkpoint_dir: str, iteration: int,

@@ -17,7 +17,7 @@ distributed optimizer, ``--load``), ``save_checkpoint`` and its writers. The loo
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+import time
 from functools import partial
 from typing import Any
 
@@ -26,10 +26,14 @@ from megatron_packing.megatron.trainer_config import DataConfig
 from megatron_packing.megatron_lm.arguments import (
     add_packing_arguments,
     check_megatron_arguments,
+    check_resumed_batch_size,
     resolve_packing_config,
+    validation_steps,
 )
 from megatron_packing.megatron_lm.data import TrainStream, restore_loader_state
-from megatron_packing.packed.collate import PackedBatch
+from megatron_packing.megatron_lm.schedule import examples_the_run_trains, schedule_in_examples
+
+_PROGRAM_START = time.time()
 
 
 def read_packing_yaml(path: str) -> tuple[dict[str, Any], set[str], DataConfig]:
@@ -78,8 +82,12 @@ def _load_datasets(data: DataConfig, *, vocab_limit: int) -> tuple[Any, Any]:
     return datasets
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Initialise Megatron-LM, build model, optimizer and loaders, train, save."""
+def main(argv: list[str] | None = None, *, program_start: float | None = None) -> int:
+    """Initialise Megatron-LM, build model, optimizer and loaders, train, save; the exit code.
+
+    ``program_start`` is when the job started (``time.time()``), from which Megatron measures
+    ``--exit-duration-in-mins``; by default, when this module was imported.
+    """
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
     from megatron.core import parallel_state as ps
@@ -87,13 +95,16 @@ def main(argv: list[str] | None = None) -> int:
     from megatron.training import get_args, print_rank_0
     from megatron.training.arguments import parse_args
     from megatron.training.initialize import initialize_megatron
-    from megatron.training.training import setup_model_and_optimizer
+    from megatron.training.training import set_startup_timestamps, setup_model_and_optimizer
 
     from megatron_packing.loader import build_sft_dataloader
-    from megatron_packing.megatron.cpu_workarounds import cpu_only
+    from megatron_packing.megatron.cpu_workarounds import cpu_only, megatron_optimizer_compat
+    from megatron_packing.megatron_lm.evaluation import Validation
     from megatron_packing.megatron_lm.forward import make_forward_step
-    from megatron_packing.megatron_lm.loop import save, train
+    from megatron_packing.megatron_lm.loop import Loop
 
+    set_startup_timestamps(program_start=_PROGRAM_START if program_start is None
+                           else program_start)
     check_megatron_arguments(parse_args(extra_args_provider=add_packing_arguments))
     initialize_megatron(extra_args_provider=add_packing_arguments, allow_no_cuda=cpu_only())
     args = get_args()
@@ -102,18 +113,36 @@ def main(argv: list[str] | None = None) -> int:
     packing_yaml, explicit, data = read_packing_yaml(args.packing_config)
     packing = resolve_packing_config(packing_yaml, args, dp_size=dp_size, explicit_keys=explicit,
                                      source=args.packing_config)
+    check_resumed_batch_size(args, dp_rank)
     train_ds, valid_ds = _load_datasets(data, vocab_limit=args.padded_vocab_size)
+    valid_loader, eval_iters = None, 0
+    if valid_ds is not None and args.eval_iters:
+        valid_loader = build_sft_dataloader(valid_ds, packing, dp_rank=dp_rank, dp_size=dp_size,
+                                            seed=packing.seed, eval_mode=True)
+        eval_iters = validation_steps(args.eval_iters, len(valid_loader), valid_ds,
+                                      packing.global_batch_size,
+                                      explicit=_given("--eval-iters", sys.argv[1:]))
 
     from gpt_builders import gpt_builder
     from model_provider import model_provider
 
-    model, optimizer, scheduler = setup_model_and_optimizer(
-        partial(model_provider, gpt_builder), ModelType.encoder_or_decoder)
-    _wire_grad_sync(model, optimizer, args)
-
     loader = build_sft_dataloader(train_ds, packing, dp_rank=dp_rank, dp_size=dp_size,
                                   seed=packing.seed, total_steps=args.train_iters,
                                   num_workers=args.packing_num_workers)
+    total = examples_the_run_trains(args.train_iters, len(loader), len(train_ds),
+                                    packing.global_batch_size)
+    checkpointing_context: dict[str, Any] = {}
+    # CPU only: the optimizer's CUDA type names (bf16 too); the schedule in examples.
+    with megatron_optimizer_compat(), schedule_in_examples(args, total) as resized:
+        model, optimizer, scheduler = setup_model_and_optimizer(
+            partial(model_provider, gpt_builder), ModelType.encoder_or_decoder,
+            checkpointing_context=checkpointing_context)
+    print_rank_0(f"> the run trains {total} examples over {args.train_iters} iterations"
+                 + (f" ({len(loader)} steps per epoch); the LR schedule is sized to them"
+                    if resized else ""))
+    if not args.skip_train:  # Megatron wraps the model in DDP only to train
+        _wire_grad_sync(model, optimizer, args)
+
     stream = TrainStream(loader)
     if args.iteration > 0:
         path = restore_loader_state(stream, args.load, args.iteration, dp_rank)
@@ -126,23 +155,50 @@ def main(argv: list[str] | None = None) -> int:
                 f"{stream.counter.examples} examples; the checkpoint was not written by this "
                 "entry point's loop")
 
-    make_valid_steps = None
-    if valid_ds is not None:
-        def make_valid_steps() -> Iterator[PackedBatch]:
-            return iter(build_sft_dataloader(valid_ds, packing, dp_rank=dp_rank, dp_size=dp_size,
-                                             seed=packing.seed, eval_mode=True))
-
     forward_step = make_forward_step(cp_size=ps.get_context_parallel_world_size(),
-                                     cp_rank=ps.get_context_parallel_rank())
+                                     cp_rank=ps.get_context_parallel_rank(),
+                                     check_nan=args.check_for_nan_in_loss_and_grad,
+                                     check_spiky=args.check_for_spiky_loss)
+    validation = None if valid_loader is None else Validation(
+        valid_loader, eval_iters, model, forward_step, dp_size, packing.pad_token_id)
+    loop = Loop(model, optimizer, scheduler, stream, forward_step, dp_size, packing.pad_token_id,
+                validation, checkpointing_context)
+    return _run(args, loop)
+
+
+def _given(flag: str, argv: list[str]) -> bool:
+    """Whether ``flag`` is on the command line (rather than Megatron's default)."""
+    return any(arg == flag or arg.startswith(flag + "=") for arg in argv)
+
+
+def _run(args: Any, loop: Any) -> int:
+    """Train (unless ``--skip-train``), then as Megatron-LM's ``pretrain()``: the final save,
+    the final validation and the async-save finalisation; the exit code."""
+    from megatron.training import get_wandb_writer, print_rank_0
+    from megatron.training.async_utils import maybe_finalize_async_save
+
+    from megatron_packing.megatron_lm.loop import TrainResult, train
+
     start = args.iteration
-    last = train(args, model=model, optimizer=optimizer, scheduler=scheduler, stream=stream,
-                 forward_step=forward_step, dp_size=dp_size, pad_token_id=packing.pad_token_id,
-                 make_valid_steps=make_valid_steps)
-    if args.save and last > start and (not args.save_interval or last % args.save_interval):
-        save(args, last, model, optimizer, scheduler, stream,
-             getattr(args, "num_floating_point_operations_so_far", 0))
-    print_rank_0(f"> training done at iteration {last}: {args.consumed_train_samples} examples")
-    return 0
+    if args.skip_train:
+        print_rank_0("skipping training (--skip-train is on) ...")
+        result = TrainResult(start, float(args.num_floating_point_operations_so_far))
+    else:
+        result = train(args, loop)
+    last = result.iteration
+    if not result.should_exit:
+        if args.save and last > start and (not args.save_interval or last % args.save_interval):
+            loop.save(last, result.flops_so_far, timed=False)
+        print_rank_0(f"> training done at iteration {last}: {args.consumed_train_samples} "
+                     "examples")
+        if loop.validation is not None:
+            loop.validation.run(f"iteration {last} on validation set", last,
+                                write=not args.skip_train)
+    maybe_finalize_async_save(blocking=True, terminate=True)
+    wandb_writer = get_wandb_writer()
+    if wandb_writer is not None:
+        wandb_writer.finish()
+    return result.exit_code
 
 
 def _wire_grad_sync(model: list[Any], optimizer: Any, args: Any) -> None:

@@ -1,8 +1,9 @@
 """One packed row through a megatron-core model inside Megatron-LM's schedules.
 
-On GPUs the row goes in as THD with `PackedSeqParams`; with context parallelism megatron-core's
-``get_thd_batch_on_this_cp_rank`` hands each CP rank its load-balanced share of every sequence.
-On CPU (tests), where attention cannot read THD metadata, the row goes in whole with the exact
+On GPUs with Transformer Engine the row goes in as THD with `PackedSeqParams`; with context
+parallelism megatron-core's ``get_thd_batch_on_this_cp_rank`` hands each CP rank its
+load-balanced share of every sequence. Where attention cannot read THD metadata (CPU, or the
+local attention on a GPU without Transformer Engine), the row goes in whole with the exact
 block-diagonal causal mask, and with CP each rank trains only the tokens of its CP share (the
 same positions the GPU path would give it), so the DP x CP gradient sum is the same gradient.
 
@@ -54,36 +55,58 @@ def pad_row(mb: PackedMicroBatch, length: int, pad_token_id: int = 0) -> PackedM
     )
 
 
-def make_forward_step(*, cp_size: int = 1, cp_rank: int = 0, thd: bool | None = None
+LossFunc = Callable[..., tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
+
+
+def make_forward_step(*, cp_size: int = 1, cp_rank: int = 0, thd: bool | None = None,
+                      check_nan: bool = False, check_spiky: bool = False
                       ) -> Callable[[Iterator[PackedMicroBatch], Any], tuple[torch.Tensor, Any]]:
-    """The ``forward_step_func`` the schedules call once per micro-batch."""
-    use_thd = torch.cuda.is_available() if thd is None else thd
+    """The ``forward_step_func`` the schedules call once per micro-batch.
+
+    ``thd`` (default: a GPU with Transformer Engine) sends rows as THD with `PackedSeqParams`;
+    otherwise rows go in whole with the exact block-diagonal mask (CPU, or a GPU whose local
+    attention cannot read THD metadata). ``check_nan`` / ``check_spiky`` are Megatron's
+    ``--check-for-nan-in-loss-and-grad`` and ``--check-for-spiky-loss``: each micro-batch's
+    loss goes to the rerun state machine.
+    """
+    use_thd = thd_available() if thd is None else thd
+    loss_func = partial(megatron_lm_loss_func, check_nan=check_nan, check_spiky=check_spiky)
 
     def forward_step(data_iterator: Iterator[PackedMicroBatch], model: Any
                      ) -> tuple[torch.Tensor, Any]:
         mb = next(data_iterator)
         if use_thd:
-            return _forward_thd(mb, model, cp_size)
-        return _forward_cpu(mb, model, cp_size, cp_rank)
+            return _forward_thd(mb, model, cp_size, loss_func)
+        return _forward_mask(mb, model, cp_size, cp_rank, loss_func)
 
     return forward_step
 
 
-def _forward_cpu(mb: PackedMicroBatch, model: Any, cp_size: int, cp_rank: int
-                 ) -> tuple[torch.Tensor, Any]:
+def thd_available() -> bool:
+    """THD attention needs a GPU and Transformer Engine."""
+    import importlib.util
+
+    return torch.cuda.is_available() and importlib.util.find_spec("transformer_engine") is not None
+
+
+def _forward_mask(mb: PackedMicroBatch, model: Any, cp_size: int, cp_rank: int,
+                  loss_func: LossFunc) -> tuple[torch.Tensor, Any]:
     total = int(mb.tokens.shape[1])
-    mask = block_diagonal_causal_mask(mb.cu_seqlens_padded, total)
+    device = next(model.parameters()).device
+    mask = block_diagonal_causal_mask(mb.cu_seqlens_padded, total).to(device)
     loss_mask = mb.loss_mask
     if cp_size > 1:
         share = torch.zeros_like(loss_mask)
         # The positions the load-balanced THD split gives this CP rank (chunks r and 2cp-1-r).
         share[0, cp_partition_indices(mb.cu_seqlens_padded, cp_size, cp_rank)] = 1
         loss_mask = loss_mask * share
-    output = model(mb.tokens, mb.position_ids, mask, labels=mb.labels)
-    return output, partial(megatron_lm_loss_func, loss_mask)
+    output = model(mb.tokens.to(device), mb.position_ids.to(device), mask,
+                   labels=mb.labels.to(device))
+    return output, partial(loss_func, loss_mask.to(device))
 
 
-def _forward_thd(mb: PackedMicroBatch, model: Any, cp_size: int) -> tuple[torch.Tensor, Any]:
+def _forward_thd(mb: PackedMicroBatch, model: Any, cp_size: int, loss_func: LossFunc
+                 ) -> tuple[torch.Tensor, Any]:
     from megatron.core.utils import get_thd_batch_on_this_cp_rank
 
     device = torch.device("cuda", torch.cuda.current_device())
@@ -96,4 +119,4 @@ def _forward_thd(mb: PackedMicroBatch, model: Any, cp_size: int) -> tuple[torch.
     batch, params = get_thd_batch_on_this_cp_rank(batch, cu_seqlens, cu_seqlens_padded, max_seqlen)
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
                    packed_seq_params=params)
-    return output, partial(megatron_lm_loss_func, batch["loss_mask"])
+    return output, partial(loss_func, batch["loss_mask"])

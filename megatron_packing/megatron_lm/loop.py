@@ -1,113 +1,42 @@
-"""The training loop of the Megatron-LM entry point: a per-step micro-batch count, real-example
-accounting, Megatron's checkpoints and writers.
+"""The training loop of the Megatron-LM entry point, built from Megatron-LM's own pieces.
 
 Megatron-LM's ``train()`` asserts that the micro-batch count never falls and checkpoints on every
-rise, and it advances the LR schedule and ``consumed_train_samples`` by rows. This loop keeps
-Megatron's pieces (schedules, DDP grad finalisation, optimizer, ``OptimizerParamScheduler``,
-``save_checkpoint``, TensorBoard / W&B writers) and changes only the per-step bookkeeping:
+rise, and it advances the LR schedule and ``consumed_train_samples`` by rows. So this loop is the
+library's, but only what a per-step count changes is written here:
 
-* each step runs ``len(batch.micro_batches)`` micro-batches, the same on every rank, and the
-  num-microbatches calculator is set to that count first so that anything reading it agrees;
-* the LR schedule and ``args.consumed_train_samples`` advance by the step's real examples.
-  Warmup and decay are sized by Megatron as ``iters x --global-batch-size`` examples, and the
-  sampler repays the batch-size drift by the final iteration, so the schedule ends exactly at
-  ``--train-iters x --global-batch-size`` examples;
-* the loader state is saved inside each checkpoint through Megatron's dataloader hook.
+* each step runs ``len(batch.micro_batches)`` micro-batches, the same on every rank, after the
+  num-microbatches calculator is set to that count, so that everything reading
+  ``get_num_microbatches()`` (Megatron's ``training_log``, the MoE and MTP loss scales, the
+  throughput) sees this step's real count;
+* the LR schedule and ``args.consumed_train_samples`` advance by the step's real examples;
+* validation runs the validation loader's own steps (`megatron_packing.megatron_lm.evaluation`).
+
+Everything else is Megatron-LM's, called as its ``train()`` calls it: the rerun state machine
+around forward-backward (its loss checks live in the loss function), the optimizer step and its
+timers, ``training_log`` (Megatron's metric names, throughput, memory, timers),
+``post_training_step_callbacks`` (manual GC, weight-hash checks, straggler reports),
+``checkpoint_and_decide_exit`` (the signal handler, ``--exit-interval``,
+``--exit-duration-in-mins``, ``--save-interval``, ``--non-persistent-save-interval``) and
+``maybe_finalize_async_save``. The loader state rides in every checkpoint through Megatron's
+dataloader hook (`megatron_packing.megatron_lm.data`).
 """
 
 from __future__ import annotations
 
-import gc
 import json
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from megatron_packing.megatron.cpu_workarounds import cuda_factories_on_cpu
-from megatron_packing.megatron.megatron_lm import sync_num_microbatches
 from megatron_packing.megatron_lm.data import TrainStream, checkpoint_hook
-from megatron_packing.megatron_lm.forward import pad_row
+from megatron_packing.megatron_lm.evaluation import Validation
+from megatron_packing.megatron_lm.step import run_step
 from megatron_packing.metrics import step_metrics
-from megatron_packing.packed.collate import PackedBatch
-
-
-@dataclass
-class StepOutcome:
-    loss: float | None  # global token-mean loss; None off the last pipeline stage
-    grad_norm: float | None
-    lr: float
-    skipped: bool
-    micro_batches: int
-    seq_length: int
-    compute_ms: float = 0.0  # Megatron's schedule and optimizer step; the rest is the loop's
-
-
-def _reduce_loss(losses_reduced: list[dict[str, torch.Tensor]]) -> float | None:
-    """Token-weighted loss over the step's micro-batches and the DP x CP ranks."""
-    from megatron.core import parallel_state as ps
-
-    if not ps.is_pipeline_last_stage(ignore_virtual=True):
-        return None
-    totals = torch.zeros(2, dtype=torch.float64)
-    for report in losses_reduced:
-        totals += report["lm loss"].detach().to(torch.float64).view(-1).cpu()
-    torch.distributed.all_reduce(totals, group=ps.get_data_parallel_group(with_context_parallel=True))
-    return float(totals[0] / totals[1]) if totals[1] > 0 else 0.0
-
-
-def step_rows(batch: PackedBatch, *, pipeline: bool, pad_token_id: int) -> tuple[list, int]:
-    """This step's rows and the sequence length the schedule is given for them."""
-    rows = list(batch.micro_batches)
-    seq_length = max(int(row.tokens.shape[1]) for row in rows)
-    if pipeline:  # stages exchange activations of one fixed shape per step
-        rows = [pad_row(row, seq_length, pad_token_id) for row in rows]
-    return rows, seq_length
-
-
-def run_step(batch: PackedBatch, *, model: list[Any], optimizer: Any, scheduler: Any,
-             forward_step: Callable, dp_size: int, pad_token_id: int = 0,
-             forward_only: bool = False) -> StepOutcome:
-    """Forward/backward over this rank's rows, optimizer step, LR step by real examples."""
-    from megatron.core import parallel_state as ps
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-    from megatron.training.utils import (
-        logical_and_across_model_parallel_group,
-        reduce_max_stat_across_model_parallel_group,
-    )
-
-    meta = batch.meta
-    count = sync_num_microbatches(meta, dp_size=dp_size, rank=torch.distributed.get_rank())
-    if count != len(batch.micro_batches):
-        raise RuntimeError(f"step {meta.step}: {len(batch.micro_batches)} rows on this rank, the "
-                           f"plan says {count}")
-    rows, seq_length = step_rows(batch, pipeline=ps.get_pipeline_model_parallel_world_size() > 1,
-                                 pad_token_id=pad_token_id)
-    if not forward_only:
-        for chunk in model:
-            chunk.zero_grad_buffer()
-        optimizer.zero_grad()
-    started = time.perf_counter()
-    with cuda_factories_on_cpu():
-        losses_reduced = get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=iter(rows), model=model,
-            num_microbatches=count, seq_length=seq_length, micro_batch_size=1,
-            decoder_seq_length=seq_length, forward_only=forward_only)
-        loss = _reduce_loss(losses_reduced)
-        if forward_only:
-            return StepOutcome(loss, None, 0.0, False, count, seq_length)
-        update_successful, grad_norm, _ = optimizer.step()
-    compute_ms = (time.perf_counter() - started) * 1000
-    update_successful = logical_and_across_model_parallel_group(update_successful)
-    grad_norm = reduce_max_stat_across_model_parallel_group(grad_norm)
-    lr = float(optimizer.param_groups[0]["lr"])
-    if update_successful:
-        scheduler.step(increment=int(meta.num_examples))
-    return StepOutcome(loss, None if grad_norm is None else float(grad_norm), lr,
-                       not update_successful, count, seq_length, compute_ms)
 
 
 class StepLog:
@@ -140,69 +69,127 @@ def log_to_writers(metrics: dict[str, float], iteration: int) -> None:
     if writer is not None:
         for key, value in metrics.items():
             writer.add_scalar(key, value, iteration)
-        writer.flush()
     wandb_writer = get_wandb_writer()
     if wandb_writer is not None:
         wandb_writer.log(metrics, iteration)
 
 
-def evaluate(make_valid_steps: Callable[[], Iterator[PackedBatch]], *, eval_iters: int,
-             model: list[Any], forward_step: Callable, dp_size: int, pad_token_id: int) -> float:
-    """Token-mean loss over ``eval_iters`` fixed-size validation steps; training state untouched."""
-    for chunk in model:
-        chunk.eval()
-    loss_sum, tokens = 0.0, 0
-    known = True  # False off the last pipeline stage (no loss there) or with unknown counts
-    try:
-        with torch.no_grad():
-            for _, batch in zip(range(eval_iters), make_valid_steps(), strict=False):
-                outcome = run_step(batch, model=model, optimizer=None, scheduler=None,
-                                   forward_step=forward_step, dp_size=dp_size,
-                                   pad_token_id=pad_token_id, forward_only=True)
-                step_tokens = batch.meta.num_loss_tokens
-                if outcome.loss is None or step_tokens is None:
-                    known = False
-                else:  # the steps' token means, weighted back into one token mean
-                    loss_sum += outcome.loss * step_tokens
-                    tokens += step_tokens
-    finally:
-        for chunk in model:
-            chunk.train()
-    if not known or tokens == 0:
-        return float("nan")
-    return loss_sum / tokens
+@dataclass
+class TrainResult:
+    """Where the loop stopped and why."""
+
+    iteration: int
+    flops_so_far: float
+    should_exit: bool = False  # a graceful stop or the rerun state machine: no final save
+    exit_code: int = 0
 
 
-def train(args: Any, *, model: list[Any], optimizer: Any, scheduler: Any, stream: TrainStream,
-          forward_step: Callable, dp_size: int, pad_token_id: int,
-          make_valid_steps: Callable[[], Iterator[PackedBatch]] | None = None) -> int:
-    """Run iterations ``args.iteration + 1 .. args.train_iters``; returns the last iteration."""
-    from megatron.training import print_rank_last
+@dataclass
+class Loop:
+    """Everything the step loop drives; built once by the entry point."""
 
+    model: list[Any]
+    optimizer: Any
+    scheduler: Any
+    stream: TrainStream
+    forward_step: Callable
+    dp_size: int
+    pad_token_id: int
+    validation: Validation | None = None
+    checkpointing_context: dict[str, Any] = field(default_factory=dict)
+
+    def save(self, iteration: int, flops_so_far: float, *, timed: bool = True) -> None:
+        """Megatron's checkpoint, with this rank's loader state written by Megatron's own hook."""
+        from megatron.training.checkpointing import save_checkpoint
+        from megatron.training.training import save_checkpoint_and_time
+
+        with cuda_factories_on_cpu():
+            if timed:  # inside the loop: Megatron's timed save, as its train() calls it
+                save_checkpoint_and_time(iteration, self.model, self.optimizer, self.scheduler,
+                                         flops_so_far, self.checkpointing_context,
+                                         train_data_iterator=checkpoint_hook(self.stream))
+            else:
+                save_checkpoint(iteration, self.model, self.optimizer, self.scheduler,
+                                flops_so_far, self.checkpointing_context,
+                                train_data_iterator=checkpoint_hook(self.stream))
+
+
+def train(args: Any, loop: Loop) -> TrainResult:
+    """Run iterations ``args.iteration + 1 .. args.train_iters`` as Megatron-LM's ``train()``
+    does, with this step's micro-batch count and real-example accounting."""
+    import gc
+
+    from megatron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
+    from megatron.core.rerun_state_machine import get_rerun_state_machine
+    from megatron.core.utils import get_attr_wrapped_model, get_model_config
+    from megatron.training import get_timers, print_rank_last
+    from megatron.training.async_utils import maybe_finalize_async_save
+    from megatron.training.training import (
+        checkpoint_and_decide_exit,
+        num_floating_point_operations,
+        post_training_step_callbacks,
+        training_log,
+    )
+    from megatron.training.utils import calc_params_l2_norm
+
+    model, optimizer, stream = loop.model, loop.optimizer, loop.stream
+    timers = get_timers()
     log = StepLog(args.packing_log_dir)
+    config = get_model_config(model[0])
+    config.timers = timers
+    iteration = args.iteration
+    machine = get_rerun_state_machine()
+    machine.current_iteration = iteration
+    flops_so_far = float(args.num_floating_point_operations_so_far)
+    flops_since_log = 0.0
+    pg_collection = get_attr_wrapped_model(model[0], "pg_collection")
+    total_loss_dict: dict[str, Any] = {}
+    report_memory_flag, first = True, True
+    for chunk in model:
+        chunk.train()
     if args.manual_gc:  # as Megatron-LM's train(): no collection pauses inside a step
         gc.disable()
         gc.collect()
-    iteration = args.iteration
-    flops_so_far = getattr(args, "num_floating_point_operations_so_far", 0)
-    for chunk in model:
-        chunk.train()
+    if getattr(args, "dataloader_save", None) is None:
+        args.dataloader_save = args.save  # where Megatron's hook writes the loader state
+    timers("interval-time", log_level=0).start(barrier=True)
+    result = TrainResult(iteration, flops_so_far)
     while iteration < args.train_iters:
+        maybe_finalize_async_save(blocking=False)
         started = time.perf_counter()
         batch = next(stream)
         data_ms = (time.perf_counter() - started) * 1000
-        outcome = run_step(batch, model=model, optimizer=optimizer, scheduler=scheduler,
-                           forward_step=forward_step, dp_size=dp_size, pad_token_id=pad_token_id)
+        args.curr_iteration = iteration
+        outcome = run_step(batch, model=model, optimizer=optimizer, scheduler=loop.scheduler,
+                           forward_step=loop.forward_step, dp_size=loop.dp_size,
+                           pad_token_id=loop.pad_token_id)
+        if outcome.should_checkpoint:
+            loop.save(iteration, flops_so_far)
+        if outcome.should_exit:
+            result = TrainResult(iteration, flops_so_far, True, outcome.exit_code)
+            break
         iteration += 1
         args.iteration = iteration
         args.consumed_train_samples += int(batch.meta.num_examples)
+        # FLOPs as Megatron counts them: rows of --seq-length tokens (padding included).
+        step_flops = num_floating_point_operations(args, batch.meta.num_bins)
+        flops_so_far += step_flops
+        flops_since_log += step_flops
         step_ms = (time.perf_counter() - started) * 1000
+
+        loss_scale = optimizer.get_loss_scale().item()
+        params_norm = calc_params_l2_norm(model) if args.log_params_norm else None
+        report_memory_flag = training_log(
+            outcome.loss_dict, total_loss_dict, get_canonical_lr_for_logging(optimizer.param_groups),
+            iteration, loss_scale, report_memory_flag, int(outcome.skipped), outcome.grad_norm,
+            params_norm, outcome.num_zeros_in_grad, 0, pg_collection=pg_collection,
+            is_first_iteration=first)
+        first = False
         metrics = step_metrics(batch.meta, loss=outcome.loss, lr=outcome.lr)
         metrics["train/consumed_examples"] = args.consumed_train_samples
         metrics["train/step_ms"] = step_ms
-        if outcome.grad_norm is not None:
-            metrics["train/grad_norm"] = outcome.grad_norm
-        log_to_writers(metrics, iteration)
+        if iteration % args.tensorboard_log_interval == 0:
+            log_to_writers(metrics, iteration)
         log.write({
             "iteration": iteration, "epoch": batch.meta.epoch,
             "examples": [list(row.example_indices) for row in batch.micro_batches],
@@ -212,36 +199,35 @@ def train(args: Any, *, model: list[Any], optimizer: Any, scheduler: Any, stream
             "loss": outcome.loss, "lr": outcome.lr, "grad_norm": outcome.grad_norm,
             "consumed_train_samples": args.consumed_train_samples, "skipped": outcome.skipped,
             "step_ms": step_ms, "data_ms": data_ms, "compute_ms": outcome.compute_ms,
-            "overhead_ms": step_ms - outcome.compute_ms,
+            "overhead_ms": step_ms - outcome.compute_ms, "gc_enabled": gc.isenabled(),
         })
-        if iteration % args.log_interval == 0:
-            print_rank_last(
-                f" iteration {iteration:6d}/{args.train_iters} | examples {batch.meta.num_examples}"
-                f" | consumed {args.consumed_train_samples} | rows/rank {outcome.micro_batches}"
-                f" | lr {outcome.lr:.3e} | loss {outcome.loss if outcome.loss is not None else 0:.4f}"
-                f" | {step_ms:.0f} ms")
-        if make_valid_steps is not None and args.eval_interval and args.eval_iters and \
+        if loop.validation is not None and args.eval_interval and \
                 iteration % args.eval_interval == 0:
-            valid_loss = evaluate(make_valid_steps, eval_iters=args.eval_iters, model=model,
-                                  forward_step=forward_step, dp_size=dp_size,
-                                  pad_token_id=pad_token_id)
-            log_to_writers({"valid/loss": valid_loss}, iteration)
-            log.write({"iteration": iteration, "valid_loss": valid_loss})
-            print_rank_last(f" validation at iteration {iteration} | loss {valid_loss:.4f}")
-        if args.manual_gc and args.manual_gc_interval and iteration % args.manual_gc_interval == 0:
-            gc.collect()
-        if args.save and args.save_interval and iteration % args.save_interval == 0:
-            save(args, iteration, model, optimizer, scheduler, stream, flops_so_far)
-    return iteration
+            timers("interval-time").stop()
+            if args.manual_gc and args.manual_gc_eval:
+                gc.collect()
+            valid = loop.validation.run(f"iteration {iteration}", iteration)
+            log.write({"iteration": iteration, "valid_loss": valid})
+            if args.manual_gc and args.manual_gc_eval:
+                gc.collect(generation=0)
+            timers("interval-time", log_level=0).start(barrier=True)
+        flops_since_log = post_training_step_callbacks(
+            model, optimizer, loop.scheduler, iteration, None, flops_since_log)
+        stop = checkpoint_and_decide_exit(model, optimizer, loop.scheduler, iteration,
+                                          flops_so_far, loop.checkpointing_context,
+                                          checkpoint_hook(stream))
+        result = TrainResult(iteration, flops_so_far, stop)
+        if stop:
+            print_rank_last(f" graceful stop after iteration {iteration}: "
+                            f"{args.consumed_train_samples} examples trained")
+            break
+    _flush_writers()
+    return result
 
 
-def save(args: Any, iteration: int, model: list[Any], optimizer: Any, scheduler: Any,
-         stream: TrainStream, flops_so_far: float) -> None:
-    """Megatron's checkpoint, with this rank's loader state written by Megatron's own hook."""
-    from megatron.training.checkpointing import save_checkpoint
+def _flush_writers() -> None:
+    from megatron.training import get_tensorboard_writer
 
-    if not getattr(args, "dataloader_save", None):
-        args.dataloader_save = args.save
-    with cuda_factories_on_cpu():
-        save_checkpoint(iteration, model, optimizer, scheduler, flops_so_far,
-                        train_data_iterator=checkpoint_hook(stream))
+    writer = get_tensorboard_writer()
+    if writer is not None:
+        writer.flush()

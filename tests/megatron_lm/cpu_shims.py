@@ -25,6 +25,9 @@ Each shim and the stop it passes:
    block-diagonal mask and trains only its CP share of the tokens, so the model is built with a
    CP size of 1 while the process groups keep CP = 2.
 7. Argument validation asks the GPU's architecture when TP > 1; the shim answers 9 (Hopper).
+8. megatron-core 0.16's MoE router tests ``te_general_gemm is not None``, a name its module
+   defines only when Transformer Engine imports; without it the name is bound to None, which
+   is what that test means (the entry point refuses MoE in that case outside the tests).
 6. Tensor factories that name ``device="cuda"`` (the optimizer's loss scale, the schedules'
    token counters, DDP buffers) are redirected to the CPU for the whole process by entering the
    library's ``cuda_factories_on_cpu`` mode once.
@@ -105,6 +108,13 @@ def _patch_device_queries() -> None:
         arguments.get_device_arch_version = device_arch_version
 
 
+def _patch_moe_router() -> None:
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
 def _patch_context_parallel_attention() -> None:
     from megatron.training import arguments
 
@@ -125,6 +135,7 @@ def _patch_context_parallel_attention() -> None:
 _GLOBAL_MODES: list[Any] = []
 
 
+
 def apply() -> None:
     """Apply every shim; a no-op where CUDA exists."""
     if torch.cuda.is_available():
@@ -138,3 +149,4 @@ def apply() -> None:
     _patch_initialize()
     _patch_device_queries()
     _patch_context_parallel_attention()
+    _patch_moe_router()

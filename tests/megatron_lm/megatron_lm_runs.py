@@ -51,7 +51,7 @@ MODEL_ARGS = shlex.split(
     "--no-bias-dropout-fusion --no-rope-fusion --distributed-backend gloo "
     "--position-embedding-type learned_absolute --calculate-per-token-loss "
     "--rerun-mode disabled --clip-grad 0 --attention-dropout 0 --hidden-dropout 0 --seed 1234 "
-    "--log-interval 1 --ckpt-format torch --no-load-rng --distributed-timeout-minutes 3"
+    "--log-interval 1 --no-load-rng --distributed-timeout-minutes 3"
 )
 
 
@@ -98,10 +98,12 @@ def torchrun_command(nproc: int, args: list[str]) -> list[str]:
             f"--master-port={_PORT[0]}", str(RUN_CPU), *MODEL_ARGS, *args]
 
 
-def launch(nproc: int, args: list[str], log_dir: Path, *, timeout: float = 240) -> Run:
+def launch(nproc: int, args: list[str], log_dir: Path, *, timeout: float = 240,
+           env: dict[str, str] | None = None) -> Run:
     """Run the entry point under torchrun to completion."""
     proc = subprocess.run(torchrun_command(nproc, [*args, "--packing-log-dir", str(log_dir)]),
-                          env=_env(), capture_output=True, text=True, timeout=timeout)
+                          env={**_env(), **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
     output = proc.stdout + proc.stderr
     return Run(proc.returncode, output, log_dir, read_records(log_dir))
 
@@ -148,6 +150,59 @@ def launch_and_kill(nproc: int, args: list[str], log_dir: Path, *, kill_when,
     return Run(proc.returncode, output, log_dir, read_records(log_dir))
 
 
+def rank_processes(launcher_pid: int) -> list[int]:
+    """The training ranks torchrun started (not their checkpoint-writer helpers)."""
+    ranks = []
+    for pid in descendants(launcher_pid):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(part.endswith(b"run_cpu.py") for part in cmdline):
+            ranks.append(pid)
+    return ranks
+
+
+def launch_and_signal(nproc: int, args: list[str], log_dir: Path, *, signal_when,
+                      sig: signal.Signals = signal.SIGTERM, timeout: float = 240) -> Run:
+    """Start the entry point; once ``signal_when(log_dir)``, send ``sig`` to every rank (as a
+    cluster scheduler does before preempting a job) and wait for the job to end by itself."""
+    proc = subprocess.Popen(torchrun_command(nproc, [*args, "--packing-log-dir", str(log_dir)]),
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    signalled = False
+    try:
+        while proc.poll() is None and not signalled:
+            if signal_when(log_dir):
+                ranks = rank_processes(proc.pid)
+                assert len(ranks) == nproc, f"found {len(ranks)} ranks, expected {nproc}"
+                for pid in ranks:
+                    os.kill(pid, sig)
+                signalled = True
+            elif time.monotonic() > deadline:
+                raise TimeoutError("the run never reached the signal point")
+            time.sleep(0.02)
+        output = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0]
+    finally:
+        if proc.poll() is None:
+            for pid in [proc.pid, *descendants(proc.pid)]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.communicate()
+    assert signalled, "the run ended before the signal point"
+    return Run(proc.returncode, output, log_dir, read_records(log_dir))
+
+
+def logged_iterations(log_dir: Path, rank: int = 0) -> int:
+    """The last training iteration a rank has recorded so far."""
+    path = log_dir / f"steps_rank{rank}.jsonl"
+    if not path.exists():
+        return 0
+    done = [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+    return max((r["iteration"] for r in done if "examples" in r), default=0)
+
+
 def write_sft_yaml(path: Path, data_dir: Path, **packing: object) -> Path:
     """A training YAML over a slice of the shipped demo chats and tokenizer."""
     lines = ["packing:", "  align_packing_bins_to_dp: true",
@@ -160,6 +215,45 @@ def write_sft_yaml(path: Path, data_dir: Path, **packing: object) -> Path:
               f"  cache_dir: {data_dir / 'cache'}"]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+# The reference run of the DP-2 loop tests (tests/megatron_lm/conftest.py runs it once).
+B, DP, ITERS = 16, 2, 8
+
+
+def reference_args(yaml: Path, save: Path, *extra: str) -> list[str]:
+    """The reference's training arguments (saving every 4 iterations, torch_dist)."""
+    return ["--packing-config", str(yaml), "--global-batch-size", str(B),
+            "--train-iters", str(ITERS), "--save", str(save), "--save-interval", "4", *extra]
+
+
+# Megatron's logging, per-step callbacks and manual GC, all on in the reference run.
+LOGGING = ["--log-timers-to-tensorboard", "--log-validation-ppl-to-tensorboard",
+           "--log-params-norm", "--log-num-zeros-in-grad", "--log-world-size-to-tensorboard",
+           "--log-throughput", "--timing-log-level", "1", "--tensorboard-log-interval", "1",
+           "--check-weight-hash-across-dp-replicas-interval", "4", "--train-sync-interval", "2",
+           "--manual-gc", "--manual-gc-interval", "2"]
+
+
+def same_steps(got_steps: list[dict], want_steps: list[dict], *, rel: float = 1e-6) -> None:
+    """A resumed run's steps equal the uninterrupted run's: examples, consumed, LR, loss."""
+    assert [s["iteration"] for s in got_steps] == [s["iteration"] for s in want_steps]
+    for got, want in zip(got_steps, want_steps, strict=True):
+        assert got["examples"] == want["examples"]
+        assert got["consumed_train_samples"] == want["consumed_train_samples"]
+        assert got["lr"] == want["lr"]
+        if want["loss"] is None:
+            assert got["loss"] is None
+        else:
+            assert got["loss"] == pytest.approx(want["loss"], rel=rel)
+
+
+def tracker_says(save: Path, iteration: int):
+    def reached(log_dir: Path) -> bool:
+        tracker = save / "latest_checkpointed_iteration.txt"
+        return tracker.exists() and tracker.read_text().strip() == str(iteration)
+
+    return reached
 
 
 @pytest.fixture(scope="session")

@@ -3,46 +3,90 @@ complete. One launch checks that a refusal happens before any model is built."""
 
 from __future__ import annotations
 
+import sys
 from types import SimpleNamespace
 
 import pytest
-from megatron_lm_runs import launch, requires_megatron_lm, write_sft_yaml
+from megatron_lm_runs import MODEL_ARGS, launch, requires_megatron_lm, write_sft_yaml
 
 from megatron_packing.config import ConfigError, PackingConfig
+from megatron_packing.megatron_lm.argument_policy import POLICY, Refused
 from megatron_packing.megatron_lm.arguments import (
     MegatronArgumentError,
     check_megatron_arguments,
     resolve_packing_config,
+    validation_steps,
 )
 
 
 def _args(**overrides):
-    values = dict(rampup_batch_size=None, micro_batch_size=1, train_iters=10,
-                  calculate_per_token_loss=True, use_legacy_models=False, num_experts=None,
-                  virtual_pipeline_model_parallel_size=None, global_batch_size=64,
-                  tensor_model_parallel_size=1, context_parallel_size=1, fp8=None,
-                  fp8_recipe="delayed", seq_length=1024, max_position_embeddings=1024)
+    values = dict(global_batch_size=64, tensor_model_parallel_size=1, context_parallel_size=1,
+                  fp8=None, fp8_recipe="delayed", seq_length=1024, max_position_embeddings=1024)
     values.update(overrides)
     return SimpleNamespace(**values)
 
 
-def test_supported_arguments_pass():
-    check_megatron_arguments(_args())
+REQUIRED = ["--packing-config", "sft.yaml", "--global-batch-size", "16", "--train-iters", "4"]
 
 
-@pytest.mark.parametrize(("override", "names"), [
-    ({"rampup_batch_size": [16, 16, 1000]}, "--rampup-batch-size"),
-    ({"micro_batch_size": 2}, "--micro-batch-size 2"),
-    ({"train_iters": None}, "use --train-iters"),
-    ({"calculate_per_token_loss": False}, "--calculate-per-token-loss is required"),
-    ({"use_legacy_models": True}, "--use-legacy-models"),
-    ({"virtual_pipeline_model_parallel_size": 2}, "virtual pipeline"),
-    ({"num_experts": 8, "moe_router_load_balancing_type": "aux_loss"},
-     "--moe-router-load-balancing-type none"),
+def megatron_args(argv: list[str]):
+    """What Megatron-LM's own parser makes of ``argv`` (before its validation), as the entry
+    point's start-up check receives it."""
+    from megatron.training.arguments import parse_args
+
+    from megatron_packing.megatron_lm.arguments import add_packing_arguments
+
+    saved = sys.argv
+    sys.argv = ["entry", *argv]
+    try:
+        return parse_args(extra_args_provider=add_packing_arguments)
+    finally:
+        sys.argv = saved
+
+
+@requires_megatron_lm
+def test_the_test_model_arguments_pass():
+    check_megatron_arguments(megatron_args([*MODEL_ARGS, *REQUIRED]))
+
+
+REFUSED = sorted((dest, rule) for dest, rule in POLICY.items()
+                 if isinstance(rule, Refused) and rule.sample)
+
+
+@requires_megatron_lm
+@pytest.mark.parametrize(("dest", "rule"), REFUSED, ids=[dest for dest, _ in REFUSED])
+def test_every_refused_argument_is_refused_through_the_real_parser(dest, rule):
+    args = megatron_args([*MODEL_ARGS, *REQUIRED, *rule.sample])
+    with pytest.raises(MegatronArgumentError) as refused:
+        check_megatron_arguments(args)
+    assert rule.message in str(refused.value)
+
+
+@requires_megatron_lm
+@pytest.mark.parametrize(("dropped", "message"), [
+    ("--calculate-per-token-loss", "--calculate-per-token-loss is required"),
+    ("--train-iters", "use --train-iters"),
 ])
-def test_unsupported_arguments_are_refused_by_name(override, names):
-    with pytest.raises(MegatronArgumentError, match=names):
-        check_megatron_arguments(_args(**override))
+def test_required_arguments_are_refused_by_name_when_missing(dropped, message):
+    argv = [*MODEL_ARGS, *REQUIRED]
+    index = argv.index(dropped)
+    del argv[index:index + (2 if dropped == "--train-iters" else 1)]
+    with pytest.raises(MegatronArgumentError, match=message):
+        check_megatron_arguments(megatron_args(argv))
+
+
+def test_more_eval_iters_than_the_validation_set_gives_are_refused():
+    assert validation_steps(4, 4, range(64), 16, explicit=True) == 4
+    with pytest.raises(MegatronArgumentError,
+                       match=r"--eval-iters 6: the validation set \(64 examples\) gives 4 .*"
+                             r"use --eval-iters 4 or less"):
+        validation_steps(6, 4, range(64), 16, explicit=True)
+
+
+@requires_megatron_lm
+def test_megatron_default_eval_iters_means_the_whole_validation_set(capsys):
+    assert validation_steps(100, 4, range(64), 16, explicit=False) == 4
+    assert "each evaluation runs the whole validation set: 4 steps" in capsys.readouterr().out
 
 
 def test_megatron_arguments_complete_the_packing_config():
@@ -85,13 +129,19 @@ def test_padded_mode_is_refused():
 @requires_megatron_lm
 @pytest.mark.slow
 def test_refusal_comes_before_any_model_is_built(sft_data, tmp_path):
+    """Virtual pipeline stages and a batch-size ramp, through torchrun and the real flags."""
     yaml = write_sft_yaml(tmp_path / "sft.yaml", sft_data)
-    run = launch(1, ["--packing-config", str(yaml), "--global-batch-size", "16",
-                     "--train-iters", "2", "--rampup-batch-size", "8", "8", "64"],
+    run = launch(2, ["--packing-config", str(yaml), "--global-batch-size", "16",
+                     "--train-iters", "2", "--rampup-batch-size", "8", "8", "64",
+                     "--pipeline-model-parallel-size", "2",
+                     "--num-layers-per-virtual-pipeline-stage", "1"],
                  tmp_path / "log", timeout=120)
     assert run.returncode != 0
     assert "--rampup-batch-size: the packing loop already varies the batch" in run.output
+    assert "--num-layers-per-virtual-pipeline-stage: the interleaved pipeline schedule" in \
+        run.output
     assert "building GPT model" not in run.output
+    assert "interleaved pipeline parallelism expected each model chunk" not in run.output
 
 
 @pytest.mark.parametrize(("text", "message"), [

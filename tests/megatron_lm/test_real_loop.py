@@ -10,32 +10,25 @@ LR and consumed count, and the same loss.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
-from megatron_lm_runs import launch, launch_and_kill, requires_megatron_lm, write_sft_yaml
+from megatron_lm_runs import (
+    DP,
+    ITERS,
+    B,
+    launch,
+    launch_and_kill,
+    reference_args,
+    requires_megatron_lm,
+    same_steps,
+    tracker_says,
+    write_sft_yaml,
+)
 
 pytestmark = [requires_megatron_lm, pytest.mark.slow]
 
-B, DP, ITERS, WARMUP, LR, MIN_LR = 16, 2, 8, 2, 3e-3, 3e-4
+WARMUP, LR, MIN_LR = 2, 3e-3, 3e-4
 V = math.floor(B * 0.2)
-
-
-def _args(yaml: Path, save: Path, *extra: str) -> list[str]:
-    return ["--packing-config", str(yaml), "--global-batch-size", str(B),
-            "--train-iters", str(ITERS), "--save", str(save), "--save-interval", "4", *extra]
-
-
-@pytest.fixture(scope="module")
-def reference(sft_data, tmp_path_factory):
-    """The uninterrupted run, with validation every 4 iterations and TensorBoard on."""
-    tmp = tmp_path_factory.mktemp("reference")
-    yaml = write_sft_yaml(tmp / "sft.yaml", sft_data)
-    run = launch(DP, _args(yaml, tmp / "ckpt", "--eval-interval", "4", "--eval-iters", "2",
-                           "--tensorboard-dir", str(tmp / "tb")), tmp / "log")
-    assert run.returncode == 0, run.output[-4000:]
-    run.tmp = tmp
-    return run
 
 
 def _megatron_lr(consumed: int) -> float:
@@ -88,33 +81,67 @@ def test_lr_schedule_advances_by_real_examples(reference):
     assert consumed == ITERS * B and _megatron_lr(consumed) == pytest.approx(MIN_LR)
 
 
-def test_metrics_reach_megatron_tensorboard_writer(reference):
+def test_megatron_metric_names_reach_the_tensorboard_writer(reference):
+    """Megatron's own training_log writes its names with this step's counts; the packing
+    metrics go to the same writer."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(reference.tmp / "tb"))
     events.Reload()
+    tags = set(events.Tags()["scalars"])
     logged = {e.step: e.value for e in events.Scalars("train/actual_batch_size")}
     assert logged == {s["iteration"]: s["num_examples"] for s in reference.steps(0)}
     assert {"train/actual_num_tokens", "train/token_fill", "train/padding_bins",
-            "train/loss", "valid/loss"} <= set(events.Tags()["scalars"])
+            "train/loss"} <= tags
+    assert {"lm loss", "learning-rate", "batch-size", "grad-norm", "params-norm", "num-zeros",
+            "loss-scale", "world-size", "iteration-time", "throughput", "lm loss validation",
+            "lm loss validation ppl", "forward-backward-time", "optimizer-time"} <= tags
+    rows = {e.step: e.value for e in events.Scalars("batch-size")}  # Megatron counts rows
+    assert rows == {s["iteration"]: s["num_bins"] for s in reference.steps(0)}
+    # Megatron logs the LR after the scheduler's step: the LR the next iteration trains with.
+    lr = {e.step: e.value for e in events.Scalars("learning-rate")}
+    steps = reference.steps(0)
+    assert lr == {s["iteration"]: pytest.approx(n["lr"], rel=1e-6)
+                  for s, n in zip(steps, steps[1:], strict=False)} | {ITERS: pytest.approx(MIN_LR)}
+    loss = {e.step: e.value for e in events.Scalars("lm loss")}
+    assert loss == {s["iteration"]: pytest.approx(s["loss"], rel=1e-5)
+                    for s in reference.steps(DP - 1)}
+    assert "throughput per GPU (TFLOP/s/GPU)" in reference.output
+    assert "Weight hashes match after 4 iterations" in reference.output
 
 
-def test_validation_runs_on_a_fixed_batch(reference):
+def test_validation_runs_on_the_validation_loader_and_after_training(reference, tmp_path):
     evaluations = reference.evaluations(0)
     assert [e["iteration"] for e in evaluations] == [4, 8]
     assert all(math.isfinite(e["valid_loss"]) for e in evaluations)
+    final = "validation loss at iteration 8 on validation set | lm loss value: "
+    assert final in reference.output
+    value = float(reference.output.split(final)[1].split()[0])
+    assert value == pytest.approx(evaluations[-1]["valid_loss"], rel=1e-6)
+    # --skip-train on the finished run's checkpoint: no step, the same final validation.
+    yaml = reference.tmp / "sft.yaml"
+    only = launch(DP, ["--packing-config", str(yaml), "--global-batch-size", str(B),
+                       "--train-iters", str(ITERS), "--load", str(reference.tmp / "ckpt"),
+                       "--skip-train", "--eval-iters", "2"], tmp_path / "log")
+    assert only.returncode == 0, only.output[-3000:]
+    assert "skipping training (--skip-train is on)" in only.output
+    assert not only.steps(0)
+    assert float(only.output.split(final)[1].split()[0]) == pytest.approx(value, rel=1e-6)
 
 
-def test_kill_9_after_checkpoint_then_load_matches_uninterrupted(reference, sft_data, tmp_path):
-    yaml = write_sft_yaml(tmp_path / "sft.yaml", sft_data)
-    save = tmp_path / "ckpt"
+def test_manual_gc_turns_automatic_collection_off(reference, killed_and_resumed):
+    assert all(not s["gc_enabled"] for s in reference.steps(0))
+    assert all(s["gc_enabled"] for s in killed_and_resumed.steps(0))
 
-    def after_checkpoint_4(log_dir: Path) -> bool:
-        tracker = save / "latest_checkpointed_iteration.txt"
-        return tracker.exists() and tracker.read_text().strip() == "4"
 
-    killed = launch_and_kill(DP, _args(yaml, save, "--eval-interval", "1", "--eval-iters", "6"),
-                             tmp_path / "log_killed", kill_when=after_checkpoint_4)
+@pytest.fixture(scope="module")
+def killed_and_resumed(reference, sft_data, tmp_path_factory):
+    """Killed with SIGKILL after its iteration-4 torch_dist checkpoint, then ``--load``."""
+    tmp = tmp_path_factory.mktemp("killed")
+    yaml = write_sft_yaml(tmp / "sft.yaml", sft_data)
+    save = tmp / "ckpt"
+    killed = launch_and_kill(DP, reference_args(yaml, save, "--eval-interval", "1", "--eval-iters", "4"),
+                             tmp / "log_killed", kill_when=tracker_says(save, 4))
     assert killed.returncode == -9, killed.output[-3000:]
     assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
     assert max(s["iteration"] for s in killed.steps(0)) < ITERS, "the kill came too late"
@@ -122,23 +149,21 @@ def test_kill_9_after_checkpoint_then_load_matches_uninterrupted(reference, sft_
     for got, want in zip(killed.steps(0), reference.steps(0), strict=False):
         assert (got["examples"], got["loss"], got["lr"]) == (want["examples"], want["loss"],
                                                             want["lr"])
-
-    resumed = launch(DP, _args(yaml, save, "--load", str(save)), tmp_path / "log_resumed")
+    resumed = launch(DP, reference_args(yaml, save, "--load", str(save)), tmp / "log_resumed")
     assert resumed.returncode == 0, resumed.output[-4000:]
-    assert "restored the packing loader state of iteration 4" in resumed.output
+    return resumed
+
+
+def test_kill_9_after_checkpoint_then_load_matches_uninterrupted(reference, killed_and_resumed):
+    assert "restored the packing loader state of iteration 4" in killed_and_resumed.output
+    assert "in torch_dist format" in killed_and_resumed.output
     for rank in range(DP):
-        after = resumed.steps(rank)
-        want = reference.steps(rank)[4:]
-        assert [s["iteration"] for s in after] == list(range(5, ITERS + 1))
-        for got, ref in zip(after, want, strict=True):
-            assert got["examples"] == ref["examples"]
-            assert got["consumed_train_samples"] == ref["consumed_train_samples"]
-            assert got["lr"] == ref["lr"]
-            assert got["loss"] == pytest.approx(ref["loss"], rel=1e-6)
+        same_steps(killed_and_resumed.steps(rank), reference.steps(rank)[4:])
 
 
-def test_load_without_loader_state_is_refused(reference, sft_data, tmp_path):
-    """A checkpoint whose loader state is missing must not restart the data silently."""
+def test_load_without_loader_state_is_refused_unless_finetune(reference, sft_data, tmp_path):
+    """A checkpoint whose loader state is missing must not restart the data silently; with
+    --finetune the weights load and the data starts from the beginning on purpose."""
     import shutil
 
     yaml = write_sft_yaml(tmp_path / "sft.yaml", sft_data)
@@ -147,6 +172,24 @@ def test_load_without_loader_state_is_refused(reference, sft_data, tmp_path):
     (ckpt / "latest_checkpointed_iteration.txt").write_text("4")
     for state in ckpt.glob("iter_0000004/*/train_dataloader_dprank*.pt"):
         state.unlink()
-    run = launch(DP, _args(yaml, tmp_path / "unused", "--load", str(ckpt)), tmp_path / "log")
+    run = launch(DP, reference_args(yaml, tmp_path / "unused", "--load", str(ckpt)), tmp_path / "log")
     assert run.returncode != 0
     assert "has no loader state for data-parallel rank" in run.output
+    tuned = launch(DP, reference_args(yaml, tmp_path / "tuned", "--load", str(ckpt), "--finetune",
+                             "--exit-interval", "1"), tmp_path / "log_tuned")
+    assert tuned.returncode == 0, tuned.output[-3000:]
+    assert [s["iteration"] for s in tuned.steps(0)] == [1]
+    assert tuned.steps(0)[0]["examples"] == reference.steps(0)[0]["examples"]
+    assert tuned.steps(0)[0]["loss"] < reference.steps(0)[0]["loss"], "the weights were not loaded"
+
+
+def test_another_global_batch_size_on_load_is_refused_by_name(reference, tmp_path):
+    run = launch(DP, ["--packing-config", str(reference.tmp / "sft.yaml"), "--global-batch-size",
+                      "32", "--train-iters", str(ITERS), "--load", str(reference.tmp / "ckpt")],
+                 tmp_path / "log", timeout=120)
+    assert run.returncode != 0
+    assert (f"--global-batch-size 32: the checkpoint at iteration {ITERS} under "
+            f"{reference.tmp / 'ckpt'} was trained with --global-batch-size {B}") in run.output
+    assert "--override-opt_param-scheduler" in run.output
+    assert "checkpoint value" not in run.output, "Megatron's scheduler check came first"
+    assert "building GPT model" not in run.output

@@ -1,0 +1,411 @@
+"""What the Megatron-LM entry point does with each Megatron-LM argument its loop could read.
+
+Every argument that Megatron-LM's ``pretrain()`` / ``train()`` / ``train_step()`` /
+``training_log()`` / ``evaluate()`` / ``checkpoint_and_decide_exit()`` reads is listed here,
+with its fate:
+
+* `Honoured`: the packing loop gives it its meaning, or calls the Megatron piece that reads it
+  (``training_log``, ``checkpoint_and_decide_exit``, ``post_training_step_callbacks``,
+  ``save_checkpoint``, ``setup_model_and_optimizer``); ``test`` names the test that runs it;
+* `Refused`: set to anything but Megatron's default (or the stated requirement), it stops the
+  job at start-up, before any model is built, with ``message``.
+
+``tests/megatron_lm/test_argument_policy.py`` walks Megatron's parser and its training loop and
+fails when an argument the loop reads is in neither list; ``docs/megatron_lm.md``'s table is
+generated from `POLICY` (`policy_table`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Honoured:
+    """The loop honours the argument; ``how`` says where, ``test`` runs it."""
+
+    how: str
+    test: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Refused at start-up when ``violates(value, default)``; ``message`` says what to use."""
+
+    message: str
+    sample: tuple[str, ...]  # Megatron arguments that set it (for the refusal test)
+    violates: Callable[[Any, Any], bool] | None = None  # None: any value but the default
+
+    def applies(self, value: Any, default: Any) -> bool:
+        if self.violates is not None:
+            return self.violates(value, default)
+        return bool(value != default)
+
+
+LOOP = "the packing loop"
+LOG = "Megatron's training_log, called every step with this step's counts"
+LOG_CUDA = LOG + " (CUDA memory statistics: GPU runs only, not run on CPU)"
+EXIT = "Megatron's checkpoint_and_decide_exit, called every step"
+CALLBACKS = "Megatron's post_training_step_callbacks, called every step"
+SAVE = "Megatron's save_checkpoint / load_checkpoint"
+SETUP = "Megatron's setup_model_and_optimizer and its DDP"
+
+_REAL_LOOP = "tests/megatron_lm/test_real_loop.py::"
+_STOPS = "tests/megatron_lm/test_graceful_stops.py::"
+_FORMATS = "tests/megatron_lm/test_checkpoint_formats.py::"
+_CHECKS = "tests/megatron_lm/test_loss_checks.py::"
+_PARALLEL = "tests/megatron_lm/test_parallelism.py::"
+_ARGS = "tests/megatron_lm/test_arguments.py::"
+
+_METRICS = _REAL_LOOP + "test_megatron_metric_names_reach_the_tensorboard_writer"
+_RESUME = _REAL_LOOP + "test_kill_9_after_checkpoint_then_load_matches_uninterrupted"
+_VALIDATION = _REAL_LOOP + "test_validation_runs_on_the_validation_loader_and_after_training"
+
+
+def _unsupported(what: str, instead: str) -> str:
+    return f"{what}; {instead}"
+
+
+POLICY: dict[str, Honoured | Refused] = {
+    # ---- batch, schedule, data
+    "global_batch_size": Honoured("B, the mean examples per step; the LR schedule is sized in "
+                                  "examples", _REAL_LOOP + "test_lr_schedule_advances_by_real_examples"),
+    "micro_batch_size": Refused(
+        "--micro-batch-size: one micro-batch is one packed row; use --micro-batch-size 1 and "
+        "size rows with --seq-length / bin_capacity", ("--micro-batch-size", "2"),
+        lambda value, _: value != 1),
+    "train_iters": Refused(
+        "--train-samples: the packing loop schedules by iterations (the final one repays the "
+        "batch-size drift); use --train-iters", (), lambda value, _: not value),
+    "train_samples": Refused(
+        "--train-samples: the packing loop schedules by iterations; use --train-iters",
+        ("--train-samples", "64")),
+    "rampup_batch_size": Refused(
+        "--rampup-batch-size: the packing loop already varies the batch per step and cannot "
+        "ramp it; remove the argument (warm up with --lr-warmup-iters instead)",
+        ("--rampup-batch-size", "8", "8", "64")),
+    "decrease_batch_size_if_needed": Refused(
+        "--decrease-batch-size-if-needed: the packing plan fixes each step's examples; remove it",
+        ("--decrease-batch-size-if-needed",)),
+    "seq_length": Honoured("the longest packed row; bin_capacity defaults to it",
+                           _ARGS + "test_a_row_longer_than_the_model_sequence_is_refused"),
+    "decoder_seq_length": Refused(
+        "--decoder-seq-length: the packing loop trains decoder-only GPT models; remove it",
+        ("--decoder-seq-length", "128")),
+    "dataloader_type": Refused(
+        "--dataloader-type: the data comes from --packing-config's data: section through the "
+        "packing loader; remove it (or use --dataloader-type external)",
+        ("--dataloader-type", "cyclic"), lambda value, _: value not in (None, "external")),
+    "sft": Refused(
+        "--sft: Megatron-LM's SFT dataset and its per-micro-batch loss normalisation are "
+        "replaced by --packing-config's data: section; remove it", ("--sft",)),
+    "iterations_to_skip": Refused(
+        "--iterations-to-skip: skipping an iteration would drop its examples from the packed "
+        "stream; remove it", ("--iterations-to-skip", "3")),
+    "phase_transition_iterations": Refused(
+        "--phase-transition-iterations: not supported by the packing loop; stop with "
+        "--exit-interval instead", ("--phase-transition-iterations", "3")),
+    "skip_train": Honoured("no training steps; the final validation still runs",
+                           _VALIDATION),
+    "finetune": Honoured("weights only; the data and the iteration start from the beginning",
+                         _REAL_LOOP + "test_load_without_loader_state_is_refused_unless_finetune"),
+    "no_load_optim": Honoured(SAVE + " (which reads it)", _RESUME),
+    "load": Honoured(SAVE + "; the loader state of the loaded iteration is restored", _RESUME),
+    "save": Honoured(SAVE + "; each checkpoint carries every DP rank's loader state", _RESUME),
+    "save_interval": Honoured(EXIT, _RESUME),
+    "ckpt_format": Refused(
+        "--ckpt-format: the packing loop is tested with torch_dist (the default) and torch; use "
+        "one of them", ("--ckpt-format", "fsdp_dtensor"),
+        lambda value, _: value not in ("torch", "torch_dist")),
+    "async_save": Honoured(SAVE + "; the loop finalises saves at each step start and at the end, "
+                           "as Megatron's train() (GPU only: Megatron's persistent checkpoint "
+                           "worker pins a CUDA device, so it is not run on CPU)",
+                           _FORMATS + "test_distributed_optimizer_kill_9_then_load_is_exact"),
+    "non_persistent_save_interval": Honoured(
+        EXIT, _FORMATS + "test_non_persistent_checkpoint_resumes_exactly"),
+    "non_persistent_ckpt_type": Refused(
+        "--non-persistent-ckpt-type local: local non-persistent checkpoints need NVIDIA's "
+        "resiliency extension and are not tested with the packing loop; use global",
+        ("--non-persistent-ckpt-type", "local"), lambda value, _: value not in (None, "global")),
+    "non_persistent_local_ckpt_dir": Refused(
+        "--non-persistent-local-ckpt-dir: local non-persistent checkpoints are not supported; "
+        "use --non-persistent-ckpt-type global", ("--non-persistent-local-ckpt-dir", "/tmp/x")),
+    # ---- graceful stops
+    "exit_signal_handler": Honoured(
+        EXIT + ": the signal saves a checkpoint at the next step boundary and exits 0",
+        _STOPS + "test_sigterm_to_every_rank_saves_at_the_next_step_and_resumes_exactly"),
+    "exit_interval": Honoured(
+        EXIT, _STOPS + "test_exit_interval_then_exit_duration_each_save_and_resume_exactly"),
+    "exit_duration_in_mins": Honoured(
+        EXIT + ", timed from the job's start",
+        _STOPS + "test_exit_interval_then_exit_duration_each_save_and_resume_exactly"),
+    # ---- validation
+    "eval_interval": Honoured("validation every N iterations on the validation loader",
+                              _VALIDATION),
+    "eval_iters": Honoured("validation steps per evaluation; more than the validation set "
+                           "gives is refused", _VALIDATION),
+    "full_validation": Refused(
+        "--full-validation: set --eval-iters to the validation set's step count instead (a "
+        "larger value is refused with that count)", ("--full-validation",)),
+    "multiple_validation_sets": Refused(
+        "--multiple-validation-sets: the packing loop validates on data.valid_paths as one set",
+        ("--multiple-validation-sets",)),
+    # ---- logging
+    "log_interval": Honoured(LOG, _METRICS),
+    "tensorboard_dir": Honoured(LOG + "; the packing metrics go to the same writer", _METRICS),
+    "tensorboard_log_interval": Honoured(LOG, _METRICS),
+    "timing_log_level": Honoured(LOG, _METRICS),
+    "log_timers_to_tensorboard": Honoured(LOG, _METRICS),
+    "log_throughput": Honoured(LOG + " (FLOPs of this step's rows)", _METRICS),
+    "log_params_norm": Honoured(LOG, _METRICS),
+    "log_num_zeros_in_grad": Honoured(LOG, _METRICS),
+    "log_loss_scale_to_tensorboard": Honoured(LOG, _METRICS),
+    "log_world_size_to_tensorboard": Honoured(LOG, _METRICS),
+    "log_validation_ppl_to_tensorboard": Honoured("the validation report", _METRICS),
+    "log_memory_to_tensorboard": Honoured(LOG_CUDA, _METRICS),
+    "log_memory_interval": Honoured(LOG_CUDA, _METRICS),
+    "record_memory_history": Honoured(LOG_CUDA, _METRICS),
+    "memory_snapshot_path": Honoured(LOG_CUDA, _METRICS),
+    "log_progress": Refused(
+        "--log-progress: the progress log counts rows as samples; the packing loop logs real "
+        "examples (train/consumed_examples); remove it", ("--log-progress",)),
+    "log_energy": Refused("--log-energy: not supported by the packing loop; remove it",
+                          ("--log-energy",)),
+    "log_straggler": Refused("--log-straggler: not supported by the packing loop; remove it",
+                             ("--log-straggler",)),
+    "disable_straggler_on_startup": Refused(
+        "--disable-straggler-on-startup: straggler detection is not supported; remove it",
+        ("--disable-straggler-on-startup",)),
+    "straggler_ctrlr_port": Refused("--straggler-ctrlr-port: straggler detection is not "
+                                    "supported; remove it", ("--straggler-ctrlr-port", "1234")),
+    "straggler_minmax_count": Refused("--straggler-minmax-count: straggler detection is not "
+                                      "supported; remove it", ("--straggler-minmax-count", "2")),
+    "log_max_attention_logit": Refused(
+        "--log-max-attention-logit: not supported by the packing loop; remove it",
+        ("--log-max-attention-logit",)),
+    "run_workload_inspector_server": Refused(
+        "--run-workload-inspector-server: not supported by the packing loop; remove it",
+        ("--run-workload-inspector-server",)),
+    "profile": Refused("--profile: not supported by the packing loop yet; profile with nsys "
+                       "around the whole job", ("--profile",)),
+    "use_pytorch_profiler": Refused("--use-pytorch-profiler: --profile is not supported; "
+                                    "remove it", ("--use-pytorch-profiler",)),
+    "profile_ranks": Refused("--profile-ranks: --profile is not supported; remove it",
+                             ("--profile-ranks", "1")),
+    "profile_step_start": Refused("--profile-step-start: --profile is not supported; remove it",
+                                  ("--profile-step-start", "3")),
+    "profile_step_end": Refused("--profile-step-end: --profile is not supported; remove it",
+                                ("--profile-step-end", "5")),
+    # ---- per-step callbacks, memory, GC
+    "manual_gc": Honoured(CALLBACKS + "; automatic collection off in the loop",
+                          _REAL_LOOP + "test_manual_gc_turns_automatic_collection_off"),
+    "manual_gc_interval": Honoured(CALLBACKS,
+                                   _REAL_LOOP + "test_manual_gc_turns_automatic_collection_off"),
+    "manual_gc_eval": Honoured(LOOP + ", around validation as Megatron's train()",
+                               _REAL_LOOP + "test_manual_gc_turns_automatic_collection_off"),
+    "check_weight_hash_across_dp_replicas_interval": Honoured(
+        CALLBACKS + ": an assertion that the DP replicas' weights agree",
+        _REAL_LOOP + "test_each_example_trained_once_and_sizes_add_up"),
+    "train_sync_interval": Honoured(CALLBACKS, _METRICS),
+    "adlr_autoresume": Refused("--adlr-autoresume: use --exit-signal-handler or "
+                               "--exit-duration-in-mins for graceful stops",
+                               ("--adlr-autoresume",)),
+    "adlr_autoresume_interval": Refused("--adlr-autoresume-interval: --adlr-autoresume is not "
+                                        "supported; remove it",
+                                        ("--adlr-autoresume-interval", "10")),
+    "empty_unused_memory_level": Refused(
+        "--empty-unused-memory-level: not supported by the packing loop; remove it",
+        ("--empty-unused-memory-level", "1")),
+    "barrier_with_L1_time": Honoured("the optimizer timer, as Megatron's train_step", _METRICS),
+    "distributed_timeout_seconds_after_init": Refused(
+        "--distributed-timeout-seconds-after-init: not supported by the packing loop; set "
+        "--distributed-timeout-minutes", ("--distributed-timeout-seconds-after-init", "60")),
+    # ---- parallelism and DDP
+    "overlap_grad_reduce": Honoured(SETUP + "; the schedule's grad-sync hooks as Megatron's "
+                                    "train() sets them",
+                                    _FORMATS + "test_distributed_optimizer_kill_9_then_load_is_exact"),
+    "overlap_param_gather": Honoured(SETUP + "; the schedule's param-sync hook",
+                                     _FORMATS + "test_distributed_optimizer_kill_9_then_load_is_exact"),
+    "align_grad_reduce": Honoured(SETUP, _FORMATS + "test_distributed_optimizer_kill_9_then_load_is_exact"),
+    "align_param_gather": Honoured(SETUP, _FORMATS + "test_distributed_optimizer_kill_9_then_load_is_exact"),
+    "use_torch_fsdp2": Refused("--use-torch-fsdp2: not supported by the packing entry point; use "
+                               "megatron-core DDP (optionally --use-distributed-optimizer)",
+                               ("--use-torch-fsdp2",)),
+    "use_megatron_fsdp": Refused("--use-megatron-fsdp: not supported by the packing entry point; "
+                                 "use --use-distributed-optimizer", ("--use-megatron-fsdp",)),
+    "fsdp_manual_registration": Refused("--fsdp-manual-registration: FSDP is not supported; "
+                                        "remove it", ("--fsdp-manual-registration",)),
+    "hybrid_context_parallel": Refused(
+        "--hybrid-context-parallel: the packing loop plans rows for a fixed --context-parallel-"
+        "size; remove it", ("--hybrid-context-parallel",)),
+    "use_tp_pp_dp_mapping": Refused("--use-tp-pp-dp-mapping: the other rank order is not tested "
+                                    "with the packing loop; remove it",
+                                    ("--use-tp-pp-dp-mapping",)),
+    "replication": Refused("--replication: checkpoint replication is not tested with the "
+                           "packing loop; remove it", ("--replication",)),
+    "replication_factor": Refused("--replication-factor: --replication is not supported; "
+                                  "remove it", ("--replication-factor", "3")),
+    "replication_jump": Refused("--replication-jump: --replication is not supported; remove it",
+                                ("--replication-jump", "2")),
+    # ---- model features
+    "num_layers": Honoured(LOG + " (MoE metrics per layer)",
+                           _CHECKS + "test_moe_trains_with_the_aux_loss_scaled_for_each_step"),
+    "num_experts": Honoured("MoE GPT; the aux loss is scaled by Megatron's schedule for this "
+                            "step's micro-batch count",
+                            _CHECKS + "test_moe_trains_with_the_aux_loss_scaled_for_each_step"),
+    "moe_router_load_balancing_type": Honoured(
+        LOG + " (the MoE losses logged)",
+        _CHECKS + "test_moe_trains_with_the_aux_loss_scaled_for_each_step"),
+    "moe_z_loss_coeff": Honoured(LOG, _CHECKS + "test_moe_trains_with_the_aux_loss_scaled_for_each_step"),
+    "moe_layer_freq": Honoured(LOG, _CHECKS + "test_moe_trains_with_the_aux_loss_scaled_for_each_step"),
+    "moe_per_layer_logging": Honoured(LOG, _CHECKS + "test_moe_trains_with_the_aux_loss_scaled_for_each_step"),
+    "mtp_num_layers": Refused(
+        "--mtp-num-layers: multi-token prediction over packed rows is not supported; remove it",
+        ("--mtp-num-layers", "1")),
+    "dsa_indexer_loss_coeff": Refused("--dsa-indexer-loss-coeff: not supported by the packing "
+                                      "loop; remove it", ("--dsa-indexer-loss-coeff", "0.1")),
+    "is_hybrid_model": Refused("--is-hybrid-model: the packing loop builds GPT models; remove it",
+                               ("--is-hybrid-model",)),
+    "hybrid_override_pattern": Refused("--hybrid-override-pattern: hybrid models are not "
+                                       "supported; remove it",
+                                       ("--hybrid-override-pattern", "M*")),
+    "fp8": Honoured("the FP8 alignment rules of each row",
+                    _ARGS + "test_megatron_arguments_complete_the_packing_config"),
+    "reuse_grad_buf_for_mxfp8_param_ag": Refused(
+        "--reuse-grad-buf-for-mxfp8-param-ag: not supported by the packing loop; remove it",
+        ("--reuse-grad-buf-for-mxfp8-param-ag",)),
+    "qk_clip": Refused("--qk-clip: not supported by the packing loop; remove it", ("--qk-clip",)),
+    "fine_grained_activation_offloading": Refused(
+        "--fine-grained-activation-offloading: not supported by the packing loop; remove it",
+        ("--fine-grained-activation-offloading",)),
+    "cuda_graph_impl": Refused(
+        "--cuda-graph-impl: CUDA graphs need static shapes, and packed rows change length and "
+        "count every step; use --cuda-graph-impl none", ("--cuda-graph-impl", "local")),
+    "cuda_graph_scope": Refused("--cuda-graph-scope: CUDA graphs are not supported; remove it",
+                                ("--cuda-graph-scope", "full_iteration")),
+    "cuda_graph_warmup_steps": Refused("--cuda-graph-warmup-steps: CUDA graphs are not "
+                                       "supported; remove it",
+                                       ("--cuda-graph-warmup-steps", "1")),
+    "save_dgrads_interval": Refused("--save-dgrads-interval: not supported by the packing loop; "
+                                    "remove it", ("--save-dgrads-interval", "2")),
+    "save_wgrads_interval": Refused("--save-wgrads-interval: not supported by the packing loop; "
+                                    "remove it", ("--save-wgrads-interval", "2")),
+    "vision_pretraining": Refused("--vision-pretraining: the packing loop trains GPT models; "
+                                  "remove it", ("--vision-pretraining",)),
+    "vision_pretraining_type": Refused("--vision-pretraining-type: vision pretraining is not "
+                                       "supported; remove it",
+                                       ("--vision-pretraining-type", "dino")),
+    # ---- reinforcement learning (Megatron-RL)
+    "perform_rl_step": Refused("--perform-rl-step: RL training is not what the packing SFT loop "
+                               "runs; use Megatron-RL's own entry point", ("--perform-rl-step",)),
+    "rl_use_sequence_packing": Refused("--rl-use-sequence-packing: an RL option; remove it",
+                                       ("--rl-use-sequence-packing",)),
+    "rl_inference_logprobs_is_correction": Refused(
+        "--rl-inference-logprobs-is-correction: an RL option; remove it",
+        ("--rl-inference-logprobs-is-correction",)),
+    "grpo_group_size": Refused("--grpo-group-size: an RL option; remove it",
+                               ("--grpo-group-size", "4")),
+    "grpo_iterations": Refused("--grpo-iterations: an RL option; remove it",
+                               ("--grpo-iterations", "3")),
+    "grpo_prompts_per_step": Refused("--grpo-prompts-per-step: an RL option; remove it",
+                                     ("--grpo-prompts-per-step", "8")),
+    "refit_method": Refused("--refit-method: an RL option; remove it", ("--refit-method", "nccl")),
+    "rl_inference_tensor_model_parallel_size": Refused(
+        "--rl-inference-tensor-model-parallel-size: an RL option; remove it",
+        ("--rl-inference-tensor-model-parallel-size", "2")),
+    "rl_inference_pipeline_model_parallel_size": Refused(
+        "--rl-inference-pipeline-model-parallel-size: an RL option; remove it",
+        ("--rl-inference-pipeline-model-parallel-size", "2")),
+    "rl_inference_expert_model_parallel_size": Refused(
+        "--rl-inference-expert-model-parallel-size: an RL option; remove it",
+        ("--rl-inference-expert-model-parallel-size", "2")),
+    "rl_inference_expert_tensor_model_parallel_size": Refused(
+        "--rl-inference-expert-tensor-model-parallel-size: an RL option; remove it",
+        ("--rl-inference-expert-tensor-model-parallel-size", "2")),
+    "rl_inference_model_unified_memory_level": Refused(
+        "--rl-inference-model-unified-memory-level: an RL option; remove it",
+        ("--rl-inference-model-unified-memory-level", "1")),
+    # ---- read by the loop's start-up rather than pretrain(): refused as before
+    "calculate_per_token_loss": Refused(
+        "--calculate-per-token-loss is required: the loss is a token sum divided once by the "
+        "step's global loss-token count, which is what makes packing exact", (),
+        lambda value, _: not value),
+    "use_legacy_models": Refused("--use-legacy-models: the packing loop drives megatron-core "
+                                 "models only", ("--use-legacy-models",)),
+    "num_layers_per_virtual_pipeline_stage": Refused(
+        "--num-layers-per-virtual-pipeline-stage: the interleaved pipeline schedule needs the "
+        "micro-batch count to divide by the pipeline size on every step, which a per-step packed "
+        "count does not give; use the plain 1F1B pipeline (drop the virtual pipeline arguments)",
+        ("--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1")),
+    "num_virtual_stages_per_pipeline_rank": Refused(
+        "--num-virtual-stages-per-pipeline-rank: the interleaved pipeline schedule needs the "
+        "micro-batch count to divide by the pipeline size on every step; use the plain 1F1B "
+        "pipeline (drop the virtual pipeline arguments)",
+        ("--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "2")),
+}
+
+
+@cache
+def _megatron_parser() -> argparse.ArgumentParser:
+    from megatron.training.arguments import add_megatron_arguments
+
+    return add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
+
+
+def megatron_defaults() -> dict[str, Any]:
+    """Every Megatron-LM argument's default, from Megatron's own parser."""
+    return {action.dest: action.default for action in _megatron_parser()._actions}
+
+
+def megatron_flags() -> dict[str, str]:
+    """Each Megatron-LM argument's first option string, by destination."""
+    return {action.dest: action.option_strings[0] for action in _megatron_parser()._actions
+            if action.option_strings}
+
+
+def refusals(args: Any) -> list[str]:
+    """The messages of every `Refused` rule that ``args`` breaks."""
+    defaults = megatron_defaults()
+    return [rule.message for dest, rule in POLICY.items()
+            if isinstance(rule, Refused) and hasattr(args, dest)
+            and rule.applies(getattr(args, dest), defaults.get(dest))]
+
+
+def policy_table() -> str:
+    """The Markdown table of `POLICY`, as ``docs/megatron_lm.md`` carries it."""
+    flags = megatron_flags()
+    lines = ["| argument | with the packing loop |", "|---|---|"]
+    for dest in sorted(POLICY):
+        rule = POLICY[dest]
+        if isinstance(rule, Honoured):
+            text = f"honoured: {rule.how} (`{rule.test.split('::')[-1]}`)"
+        else:
+            text = f"refused at start-up: {rule.message}"
+        lines.append(f"| `{flags.get(dest, dest)}` | {text.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+TABLE_START, TABLE_END = "<!-- argument-policy:start -->", "<!-- argument-policy:end -->"
+
+
+def write_docs_table(path: str) -> None:
+    """Replace the table between the markers in ``path`` with `policy_table`."""
+    from pathlib import Path
+
+    doc = Path(path).read_text()
+    head, rest = doc.split(TABLE_START)
+    _, tail = rest.split(TABLE_END)
+    Path(path).write_text(f"{head}{TABLE_START}\n{policy_table()}{TABLE_END}{tail}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--write-docs"]:
+        raise SystemExit("usage: python -m megatron_packing.megatron_lm.argument_policy "
+                         "--write-docs  (with Megatron-LM on PYTHONPATH)")
+    write_docs_table("docs/megatron_lm.md")
