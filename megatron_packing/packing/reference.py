@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from megatron_packing.packing.factory import make_seq_packer
-from megatron_packing.packing.step_sizing import StepContext
+from megatron_packing.packing.planner.window import StepContext
 
 
 @dataclass
