@@ -80,10 +80,10 @@ def test_no_step_is_empty_no_example_is_lost_and_the_drift_holds(epoch):
     last_context, last_size = steps[-1]
     if last_context.kind == STEP_EPOCH_TAIL:
         assert sum(size for _, size in steps) == count  # the tail takes what remains
-    if run is not None and run <= len(steps) and last_context.kind == STEP_RUN_FINAL:
-        # The run's final step repays the drift, where the epoch leaves room for it.
-        if last_context.room() >= batch - last_context.drift:
-            assert sum(size for _, size in steps) == run * batch
+    # The run's final step repays the drift, where the epoch leaves room for it.
+    if (last_context.kind == STEP_RUN_FINAL
+            and last_context.room() >= batch - last_context.drift):
+        assert sum(size for _, size in steps) == len(steps) * batch
 
 
 @settings(max_examples=60, deadline=None)
