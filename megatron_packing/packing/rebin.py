@@ -22,9 +22,7 @@ from .fit import (
     group_by_bin,
     worst_fit_decreasing,
 )
-
-#: Maximum number of evictions the repair step tries before giving up.
-REPAIR_BUDGET = 8
+from .planner.tunables import DEFAULT_TUNABLES
 
 
 def split_to_count(bins: list[list[int]], sizes: list[int], target: int) -> list[list[int]]:
@@ -82,7 +80,7 @@ def _repair(bins: list[list[int]], sizes: list[int], capacity: int, pending: lis
             loads[best_bin] += s
             continue
         evictions += 1
-        if evictions > REPAIR_BUDGET:
+        if evictions > DEFAULT_TUNABLES.repair_budget:  # `PlannerTunables.repair_budget`
             return False
         # Evict the smallest item y < s whose removal makes room for x. The pending total then
         # drops by s - y > 0, so repairs make progress; the budget bounds their number.
