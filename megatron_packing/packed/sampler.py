@@ -25,6 +25,7 @@ from megatron_packing.base_order import EpochOrder
 from megatron_packing.config.components import PackedSamplerConfig, config_or_keywords
 from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, imbalance
 from megatron_packing.packing.factory import make_seq_packer
+from megatron_packing.packing.planner.feasibility import alignment_remedy
 from megatron_packing.packing.planner.sizer import StepSizer
 from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES
 from megatron_packing.packing.planner.window import StepContext
@@ -250,11 +251,13 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
                                      forced=cursor.deferred)
         if decision.hopeless and not cursor.warned_hopeless:
             cursor.warned_hopeless = True
+            remedy = alignment_remedy(self.aligned_lengths[ahead], self.packer.usable_capacity,
+                                      self.batch_size, self.dp_size)
             warnings.warn(
                 f"a step of about {self.batch_size} examples packs into fewer bins than the "
                 f"data-parallel size {self.dp_size} at capacity {self.bin_capacity}: alignment "
                 "cannot succeed, so the search is skipped and such steps are padded (reported as "
-                "train/padding_bins)",
+                f"train/padding_bins); on the examples ahead, {remedy.describe()}",
                 stacklevel=3,
             )
         size, span = decision.size, decision.span
