@@ -14,7 +14,7 @@ import argparse
 import json
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,8 @@ from torch.utils.data import SequentialSampler
 from megatron_packing.config.components import PlannerConfig
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, imbalance
+from megatron_packing.packing.planner.sizer import StepSizer
+from megatron_packing.packing.planner.tunables import PlannerTunables
 from megatron_packing.packing.reference import ReferenceRun, best_contiguous_path, plan_exhaustively
 from megatron_packing.packing.step_time import balanced_rank_bins, step_times
 from megatron_packing.validation import allowed_batch_variation, require_int, require_number
@@ -111,8 +113,11 @@ def simulate(
     max_packs: int | None = 8,
     max_deferred_examples: int = 0,
     label: str | None = None,
+    tunables: PlannerTunables | None = None,
 ) -> SimulationResult:
-    """Run ``steps`` steps over ``lengths`` (taken in order) and measure them."""
+    """Run ``steps`` steps over ``lengths`` (taken in order) and measure them. ``tunables``
+    replaces the planner's constants (``max_packs`` and ``lookahead_steps`` still come from
+    the arguments): for sweeping them, see ``benchmarks/bench_planner_constants.py``."""
     sampler = DPAlignedPackingBatchSampler(
         SequentialSampler(range(len(lengths))), lengths, batch_size, dp_size,
         bin_capacity=capacity, allowed_variation=variation, total_steps=steps,
@@ -120,6 +125,10 @@ def simulate(
         max_packs=max_packs, max_deferred_examples=max_deferred_examples,
         oversize_policy="truncate",
     )
+    if tunables is not None:
+        sampler.sizer = StepSizer(sampler.packer, dp_size, max_deferred=sampler.max_deferred_examples,
+                                  tunables=replace(tunables, max_packs=max_packs,
+                                                   lookahead_steps=lookahead_steps))
     sizes: list[int] = []
     tokens: list[int] = []
     plan_ms: list[float] = []
