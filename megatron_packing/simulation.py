@@ -14,7 +14,7 @@ import argparse
 import json
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,10 @@ from torch.utils.data import SequentialSampler
 from megatron_packing.config.components import PlannerConfig
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, imbalance
+from megatron_packing.packing.planner.sizer import StepSizer
+from megatron_packing.packing.planner.tunables import PlannerTunables
 from megatron_packing.packing.reference import ReferenceRun, best_contiguous_path, plan_exhaustively
+from megatron_packing.packing.step_time import balanced_rank_bins, step_times
 from megatron_packing.validation import allowed_batch_variation, require_int, require_number
 
 DEFAULT_POOL_DIRS = ("benchmarks/data/lengths", "../shared/data/lengths")
@@ -88,6 +91,8 @@ class SimulationResult:
     plan_ms_p99: float
     packer_runs_mean: float  # packer runs per step (lookahead included)
     deferred_examples: int = 0  # examples that moved to the next step
+    step_time_cv: float = 0.0  # modeled step time (slowest rank): std / mean across steps
+    step_time_imbalance: float = 1.0  # mean(slowest rank) / mean(rank), modeled
 
     @property
     def aligned_fraction(self) -> float:
@@ -108,8 +113,11 @@ def simulate(
     max_packs: int | None = 8,
     max_deferred_examples: int = 0,
     label: str | None = None,
+    tunables: PlannerTunables | None = None,
 ) -> SimulationResult:
-    """Run ``steps`` steps over ``lengths`` (taken in order) and measure them."""
+    """Run ``steps`` steps over ``lengths`` (taken in order) and measure them. ``tunables``
+    replaces the planner's constants (``max_packs`` and ``lookahead_steps`` still come from
+    the arguments): for sweeping them, see ``benchmarks/bench_planner_constants.py``."""
     sampler = DPAlignedPackingBatchSampler(
         SequentialSampler(range(len(lengths))), lengths, batch_size, dp_size,
         bin_capacity=capacity, allowed_variation=variation, total_steps=steps,
@@ -117,6 +125,10 @@ def simulate(
         max_packs=max_packs, max_deferred_examples=max_deferred_examples,
         oversize_policy="truncate",
     )
+    if tunables is not None:
+        sampler.sizer = StepSizer(sampler.packer, dp_size, max_deferred=sampler.max_deferred_examples,
+                                  tunables=replace(tunables, max_packs=max_packs,
+                                                   lookahead_steps=lookahead_steps))
     sizes: list[int] = []
     tokens: list[int] = []
     plan_ms: list[float] = []
@@ -124,6 +136,7 @@ def simulate(
     bins = padding = aligned = deferred = 0
     imbalance_rr: list[float] = []
     imbalance_kk: list[float] = []
+    timed: list[tuple[list[list[int]], tuple[tuple[int, ...], ...]]] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         while len(sizes) < steps:
@@ -145,9 +158,11 @@ def simulate(
                 costs = bin_costs(local_bins, step_lengths)
                 for method, sink in (("round_robin", imbalance_rr), ("karmarkar_karp", imbalance_kk)):
                     sink.append(imbalance(costs, assign_bins_to_ranks(costs, dp_size, method=method)))
+                timed.append(([[int(step_lengths[p]) for p in b] for b in local_bins], plan.rank_bins))
             if not progressed:
                 break
     default = "aligned" if align else "fixed B"
+    times = step_times(timed, sampler.attention_cost_constant)
     return SimulationResult(
         label=label or default,
         steps=len(sizes),
@@ -165,6 +180,8 @@ def simulate(
         plan_ms_p99=float(np.percentile(plan_ms, 99)),
         packer_runs_mean=float(np.mean(runs)),
         deferred_examples=deferred,
+        step_time_cv=times.cv,
+        step_time_imbalance=times.imbalance,
     )
 
 
@@ -175,6 +192,7 @@ def simulate_exhaustive(lengths: np.ndarray, *, batch_size: int, capacity: int, 
     run: ReferenceRun = plan_exhaustively(lengths, batch_size=batch_size, capacity=capacity,
                                           dp_size=dp_size, variation=v, steps=steps,
                                           algorithm=algorithm)
+    times = step_times([(bins, balanced_rank_bins(bins, dp_size)) for bins in run.step_bins])
     return SimulationResult(
         label="exhaustive", steps=run.steps, examples=int(sum(run.sizes)), bins=run.bins,
         padding_bins=run.padding_bins, aligned_steps=run.aligned_steps,
@@ -184,6 +202,7 @@ def simulate_exhaustive(lengths: np.ndarray, *, batch_size: int, capacity: int, 
         plan_ms_median=float(np.median(run.plan_ms)),
         plan_ms_p99=float(np.percentile(run.plan_ms, 99)),
         packer_runs_mean=float(np.mean(run.packer_runs)),
+        step_time_cv=times.cv, step_time_imbalance=times.imbalance,
     )
 
 
@@ -241,6 +260,8 @@ def format_comparison(runs: Sequence[SimulationResult], title: str,
         ("per-step token CV", lambda r: f"{r.token_cv:.2%}"),
         ("dp imbalance, round robin", lambda r: imb(r.imbalance_round_robin)),
         ("dp imbalance, balanced", lambda r: imb(r.imbalance_balanced)),
+        ("modeled step-time CV", lambda r: f"{r.step_time_cv:.2%}"),
+        ("modeled step-time imbalance", lambda r: f"{r.step_time_imbalance:.4f}"),
         ("plan ms median / p99", lambda r: f"{r.plan_ms_median:.2f} / {r.plan_ms_p99:.2f}"),
         ("packer runs / step", lambda r: f"{r.packer_runs_mean:.1f}"),
     ]

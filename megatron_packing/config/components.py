@@ -28,7 +28,7 @@ from typing import Any, TypeVar, cast
 from megatron_packing.packing.alignment import FP8_RECIPES, Alignment, make_alignment
 from megatron_packing.packing.balance import DEFAULT_ATTENTION_COST_CONSTANT
 from megatron_packing.packing.microbatch import SPLIT_METHODS, SplitMethod
-from megatron_packing.packing.step_sizing import DEFAULT_LOOKAHEAD_STEPS
+from megatron_packing.packing.planner.tunables import DEFAULT_LOOKAHEAD_STEPS
 from megatron_packing.validation import (
     ConfigError,
     allowed_batch_variation,

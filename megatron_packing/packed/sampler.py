@@ -16,7 +16,7 @@ import math
 import time
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,10 @@ from megatron_packing.base_order import EpochOrder
 from megatron_packing.config.components import PackedSamplerConfig, config_or_keywords
 from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, imbalance
 from megatron_packing.packing.factory import make_seq_packer
-from megatron_packing.packing.step_sizing import StepContext, StepSizer
+from megatron_packing.packing.planner.feasibility import alignment_remedy
+from megatron_packing.packing.planner.sizer import StepSizer
+from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES
+from megatron_packing.packing.planner.window import StepContext
 from megatron_packing.plan_types import StepPlan, TupleSequence
 from megatron_packing.state_checks import check_fingerprint, check_state_keys
 from megatron_packing.step_stream import OrderPosition, StepStream
@@ -148,8 +151,10 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
         self.attention_cost_constant = planner.attention_cost_constant
         self.max_deferred_examples = config.max_deferred_examples
         self.lookahead_steps = planner.lookahead_steps
-        self.sizer = StepSizer(self.packer, self.dp_size, max_packs=planner.max_packs,
-                               horizon=self.lookahead_steps, max_deferred=self.max_deferred_examples)
+        tunables = replace(DEFAULT_TUNABLES, max_packs=planner.max_packs,
+                           lookahead_steps=self.lookahead_steps)
+        self.sizer = StepSizer(self.packer, self.dp_size, max_deferred=self.max_deferred_examples,
+                               tunables=tunables)
         self._fingerprint = self._make_fingerprint()
         self._fingerprint.update(self.order.fingerprint())
         self._init_stream()
@@ -246,11 +251,13 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
                                      forced=cursor.deferred)
         if decision.hopeless and not cursor.warned_hopeless:
             cursor.warned_hopeless = True
+            remedy = alignment_remedy(self.aligned_lengths[ahead], self.packer.usable_capacity,
+                                      self.batch_size, self.dp_size)
             warnings.warn(
                 f"a step of about {self.batch_size} examples packs into fewer bins than the "
                 f"data-parallel size {self.dp_size} at capacity {self.bin_capacity}: alignment "
                 "cannot succeed, so the search is skipped and such steps are padded (reported as "
-                "train/padding_bins)",
+                f"train/padding_bins); on the examples ahead, {remedy.describe()}",
                 stacklevel=3,
             )
         size, span = decision.size, decision.span

@@ -14,12 +14,13 @@ Both consume exactly ``steps x B`` examples in ``steps`` steps, as a run with th
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from megatron_packing.packing.factory import make_seq_packer
-from megatron_packing.packing.step_sizing import StepContext
+from megatron_packing.packing.planner.padding import pad as pad_bins
+from megatron_packing.packing.planner.window import StepContext
 
 
 @dataclass
@@ -34,6 +35,7 @@ class ReferenceRun:
     step_tokens: list[int]
     plan_ms: np.ndarray
     packer_runs: list[int]  # packer runs counted per step
+    step_bins: list[list[list[int]]] = field(default_factory=list)  # per step, each bin's lengths
 
     @property
     def aligned_fraction(self) -> float:
@@ -54,6 +56,7 @@ def plan_exhaustively(lengths: np.ndarray, *, batch_size: int, capacity: int, dp
     lengths = np.asarray(packer.effective_lengths(lengths[:steps * batch_size]), dtype=np.int64)
     position, drift = 0, 0
     plan_ms, sizes, tokens, runs = [], [], [], []
+    step_bins: list[list[list[int]]] = []
     bins = padding = aligned = 0
     for step in range(steps):
         started = time.perf_counter()
@@ -63,12 +66,19 @@ def plan_exhaustively(lengths: np.ndarray, *, batch_size: int, capacity: int, dp
         order = [target] + [k for d in range(1, highest - lowest + 1)
                             for k in (target + d, target - d) if lowest <= k <= highest]
         results = []
+        packings = {}
         for size in order:
-            count = len(packer.pack(lengths[position:position + size]))
+            packings[size] = packer.pack(lengths[position:position + size])
+            count = len(packings[size])
             results.append((_padding(count, dp_size), abs(size - target), size, count))
         chosen = next((r for r in results if r[0] == 0), None) or min(results)
         plan_ms.append((time.perf_counter() - started) * 1e3)
         pad, _, size, count = chosen
+        segment = lengths[position:position + size]
+        # The padding bins as a padded step of the planner makes them (the heaviest split), for
+        # the modeled step time.
+        padded, _ = pad_bins(packer, dp_size, segment, packings[size], segment)
+        step_bins.append([[int(segment[i]) for i in b] for b in padded])
         runs.append(len(order))
         bins += count + pad
         padding += pad
@@ -77,7 +87,8 @@ def plan_exhaustively(lengths: np.ndarray, *, batch_size: int, capacity: int, dp
         tokens.append(int(lengths[position:position + size].sum()))
         position += size
         drift += size - batch_size
-    return ReferenceRun(steps, bins, padding, aligned, sizes, tokens, np.asarray(plan_ms), runs)
+    return ReferenceRun(steps, bins, padding, aligned, sizes, tokens, np.asarray(plan_ms), runs,
+                        step_bins)
 
 
 def best_contiguous_path(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int,

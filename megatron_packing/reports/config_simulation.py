@@ -28,6 +28,7 @@ from megatron_packing.megatron.trainer_config import (
     training_config_from_dict,
 )
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
+from megatron_packing.packing.step_time import StepTimes, rank_times
 from megatron_packing.validation import check_batch_window
 
 from .progress import Progress
@@ -142,6 +143,8 @@ class StepSeries:
     aligned: np.ndarray
     truncated: np.ndarray
     plan_ms: np.ndarray
+    slowest_rank: np.ndarray  # modeled step time: the slowest rank's summed s + s^2 / k
+    mean_rank: np.ndarray  # the mean rank's
     hopeless_steps: int = 0
     seconds: float = 0.0
 
@@ -167,6 +170,8 @@ class StepSeries:
             "batch_size_max": int(self.batch_size.max()) if self.steps else 0,
             "token_cv": _cv(self.tokens),
             "dp_imbalance_mean": float(self.dp_imbalance.mean()) if self.steps else 0.0,
+            "step_time_cv": StepTimes(self.slowest_rank, self.mean_rank).cv,
+            "step_time_imbalance": StepTimes(self.slowest_rank, self.mean_rank).imbalance,
             "micro_batches_per_rank_mean": float(per_rank.mean()) if self.steps else 0.0,
             "micro_batches_per_rank_min": int(per_rank.min()) if self.steps else 0,
             "micro_batches_per_rank_max": int(per_rank.max()) if self.steps else 0,
@@ -251,7 +256,7 @@ def simulate_steps(lengths: np.ndarray, packing: PackingConfig, dp_size: int, st
         raise ConfigError(f"cannot plan with bin_capacity={capacity}: {exc}") from None
     columns: dict[str, list[Any]] = {k: [] for k in (
         "batch_size", "tokens", "bins", "padding_bins", "token_fill", "dp_imbalance", "aligned",
-        "truncated", "plan_ms")}
+        "truncated", "plan_ms", "slowest_rank", "mean_rank")}
     hopeless = 0
     with Progress(steps, f"simulating {label} (C={capacity}, variation={variation:g})",
                   progress, unit="step") as bar, warnings.catch_warnings():
@@ -269,12 +274,16 @@ def simulate_steps(lengths: np.ndarray, packing: PackingConfig, dp_size: int, st
                 columns["aligned"].append(plan.aligned)
                 columns["truncated"].append(len(plan.truncated))
                 columns["plan_ms"].append(plan.plan_ms)
+                times = rank_times([sampler.effective_lengths[list(b)].tolist() for b in plan.bins],
+                                   plan.rank_bins, sampler.attention_cost_constant)
+                columns["slowest_rank"].append(float(times.max()))
+                columns["mean_rank"].append(float(times.mean()))
                 hopeless += int(plan.hopeless)
                 bar.update()
             if len(columns["bins"]) == before:
                 break
     dtypes = {"token_fill": np.float64, "dp_imbalance": np.float64, "plan_ms": np.float64,
-              "aligned": bool}
+              "aligned": bool, "slowest_rank": np.float64, "mean_rank": np.float64}
     arrays = {k: np.asarray(v, dtype=dtypes.get(k, np.int64)) for k, v in columns.items()}
     return StepSeries(label=label, bin_capacity=capacity, dp_size=dp_size, variation=variation,
                       hopeless_steps=hopeless, seconds=time.perf_counter() - started, **arrays)
@@ -342,6 +351,9 @@ def format_simulation(result: ConfigSimulation) -> str:
                                               f"{s['micro_batches_per_rank_max']})"), ""),
         ("per-step token CV", lambda s: f"{s['token_cv']:.2%}", ""),
         ("rank imbalance (mean max/mean)", lambda s: f"{s['dp_imbalance_mean']:.4f}", ""),
+        ("modeled step-time CV (slowest rank)", lambda s: f"{s['step_time_cv']:.2%}", ""),
+        ("modeled step time: mean slowest / mean rank",
+         lambda s: f"{s['step_time_imbalance']:.4f}", ""),
         ("examples truncated", lambda s: f"{s['truncated_examples']:,}", ""),
         ("plan ms median / p99", lambda s: f"{s['plan_ms_median']:.2f} / {s['plan_ms_p99']:.2f}", ""),
     ]

@@ -53,14 +53,14 @@ def test_plans_built_from_a_config_are_unchanged(name, steps, keys):
 
 def test_the_digests_see_a_planner_change(monkeypatch):
     """A planner that misreads the drift by one example changes the digest: the test can fail."""
-    from megatron_packing.packing import step_sizing
+    from megatron_packing.packing.planner.sizer import StepSizer
 
-    original = step_sizing.StepSizer.decide
+    original = StepSizer.decide
 
     def off_by_one(self, lengths, aligned, context, **options):
         return original(self, lengths, aligned, dataclasses.replace(context, drift=context.drift + 1),
                         **options)
 
-    monkeypatch.setattr(step_sizing.StepSizer, "decide", off_by_one)
+    monkeypatch.setattr(StepSizer, "decide", off_by_one)
     name, batch, capacity, dp, steps, options = PACKED_GEOMETRIES[0]
     assert packed_digest(batch, capacity, dp, steps, options) != EXPECTED[name]

@@ -16,7 +16,7 @@ from megatron_packing.packing.microbatch import (
     fixed_size_microbatches,
     make_token_balanced_microbatches,
 )
-from megatron_packing.packing.step_sizing import StepSizer
+from megatron_packing.packing.planner.sizer import StepSizer
 
 from ._helpers import check_fits, check_partition
 

@@ -8,6 +8,7 @@ repaying the drift, searching less than the exhaustive reference), not only unde
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from functools import cache
 
 import numpy as np
@@ -16,8 +17,19 @@ from torch.utils.data import SequentialSampler
 
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 from megatron_packing.packing.factory import make_seq_packer
+from megatron_packing.packing.planner.bounds import PairJudge
+from megatron_packing.packing.planner.deferral import DeferralSearch
+from megatron_packing.packing.planner.lookahead import future_alignment
+from megatron_packing.packing.planner.search import (
+    ExactSearch,
+    SearchProblem,
+    SearchResult,
+    packed_judge,
+)
+from megatron_packing.packing.planner.sizer import StepSizer
+from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES
+from megatron_packing.packing.planner.window import StepContext
 from megatron_packing.packing.reference import plan_exhaustively
-from megatron_packing.packing.step_sizing import StepContext, StepSizer
 from megatron_packing.simulation import find_pool_dir, load_pools, mixed_stream
 from megatron_packing.validation import allowed_batch_variation
 
@@ -161,32 +173,29 @@ def test_token_load_spreads_no_more_than_with_fixed_batches(batch, capacity, dp,
 
 
 def test_the_whole_window_search_packs_only_what_can_change_the_choice():
-    # `_search_exact` packs a size, or a (size, next boundary) segment, only when the result
+    # `ExactSearch` packs a size, or a (size, next boundary) segment, only when the result
     # could change the choice. Packing every size and every such segment must give the same
     # plans, with more packer runs.
     batch, capacity, steps = 128, 4096, 60
     lengths = pool_stream(batch * steps, capacity, seed=1)
 
-    def every_segment(self, lengths, estimate, context, sizes, token_gap):
-        results = {k: self._segment(lengths, 0, k, estimate) for k in sizes}
+    def every_segment(self, problem: SearchProblem) -> SearchResult:
+        setting, lengths, sizes = self.setting, problem.lengths, problem.sizes
+        results = {k: setting.segments.segment(lengths, 0, k, problem.bound) for k in sizes}
         good = [k for k in sizes if results[k][1]]
         if not good:
-            return list(sizes), len(sizes), None
-
-        def aligns(starts, ends):
-            return np.array([self._segment(lengths, int(s), int(e), estimate)[1]
-                             for s, e in zip(starts, ends, strict=True)], dtype=bool)
-
-        future = self._future_alignment(aligns, len(lengths), context, good,
-                                        self._bound_aligns(estimate))
+            return SearchResult(list(sizes), len(sizes), None)
+        future = future_alignment(packed_judge(setting, lengths, problem.bound), len(lengths),
+                                  problem.context, good, setting.horizon,
+                                  setting.bound_judge(problem.bound))
         position = {k: i for i, k in enumerate(sizes)}
-        size = min(good, key=lambda k: (-future[k], token_gap(k), position[k]))
-        return sizes, len(sizes), self._finish(lengths[:size], results[size][0], True, 0, sizes)
+        size = min(good, key=lambda k: (-future[k], problem.token_gap(k), position[k]))
+        return SearchResult(list(sizes), len(sizes), (size, results[size][0]))
 
     for dp in (4, 8):
         _, lazy = plans_of(lengths, batch, dp, capacity, steps)
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(StepSizer, "_search_exact", every_segment)
+            patch.setattr(ExactSearch, "search", every_segment)
             _, full = plans_of(lengths, batch, dp, capacity, steps)
         assert [(p.example_indices, p.bins, p.aligned) for p in lazy] == \
             [(p.example_indices, p.bins, p.aligned) for p in full]
@@ -197,13 +206,13 @@ def test_the_whole_window_search_packs_only_what_can_change_the_choice():
 
 
 def test_deferral_skips_only_prefixes_that_cannot_beat_the_best():
-    # `_search_deferral` skips a prefix whose lower bound on deferred examples exceeds the best
+    # `DeferralSearch` skips a prefix whose lower bound on deferred examples exceeds the best
     # found so far. Opening every prefix must give the same plans, with more packer runs.
     batch, capacity, dp, steps = 256, 16384, 8, 40
     lengths = pool_stream(batch * steps, capacity)
     _, skipping = plans_of(lengths, batch, dp, capacity, steps, max_deferred_examples=8)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(StepSizer, "_fewest_deferred", lambda self, footprint, forced, kept: 0)
+        patch.setattr(DeferralSearch, "fewest_deferred", lambda self, footprint, forced, kept: 0)
         _, opening = plans_of(lengths, batch, dp, capacity, steps, max_deferred_examples=8)
     assert [(p.example_indices, p.bins, p.deferred) for p in skipping] == \
         [(p.example_indices, p.bins, p.deferred) for p in opening]
@@ -223,13 +232,13 @@ def test_a_remembered_grid_is_reused_only_for_the_same_examples():
     starts, ends = np.arange(0, 21)[:, None], np.arange(100, 141)[None, :]
     grids = []
     for lengths in (first, second, first, second):
-        estimate = sizer._segment_estimator(lengths)
+        estimate = sizer.bound(lengths)
         counts = estimate(starts, ends)
-        grid = sizer._bound_aligns(estimate)(starts, ends)
+        grid = sizer.setting.bound_judge(estimate)(starts, ends)
         assert (grid == ((counts % dp == 0) & (counts >= dp))).all()
         grids.append(grid)
     assert not (grids[0] == grids[1]).all()
-    assert len(sizer._grids) == 2  # each stream's grid judged once, then remembered
+    assert len(sizer.grids) == 2  # each stream's grid judged once, then remembered
 
 
 @pytest.mark.parametrize("capacity, count", [(4096, 3000), (1 << 20, 10_000)])
@@ -240,7 +249,7 @@ def test_the_bound_is_exact_arithmetic_in_either_integer_width(capacity, count):
     rng = np.random.default_rng(0)
     lengths = rng.integers(capacity // 5, capacity // 4, size=count).astype(np.int64)
     sizer = StepSizer(make_seq_packer("mffd", bin_capacity=capacity, oversize_policy="truncate"), 8)
-    estimate = sizer._segment_estimator(lengths)
+    estimate = sizer.bound(lengths)
     starts = np.array([0, 7, 100, 1500])
     ends = np.array([count, count - 100, 2999, 1501])
     expected = []
@@ -257,13 +266,15 @@ def test_the_bound_judges_a_whole_grid_as_it_judges_pairs():
     batch, capacity, dp = 256, 16384, 8
     lengths = pool_stream(4 * batch, capacity).astype(np.int64)
     packer = make_seq_packer("mffd", bin_capacity=capacity, oversize_policy="truncate")
-    sizer = StepSizer(packer, dp, horizon=3)
-    estimate = sizer._segment_estimator(lengths)
-    grid = sizer._bound_aligns(estimate)
+    sizer = StepSizer(packer, dp, tunables=replace(DEFAULT_TUNABLES, lookahead_steps=3))
+    estimate = sizer.bound(lengths)
+    grid = sizer.setting.bound_judge(estimate)
 
-    def pairs(starts, ends):
+    def by_pair(starts, ends):
         assert starts.ndim == 1  # the pair-by-pair path
         return grid(starts, ends)
+
+    pairs = PairJudge(by_pair)
 
     v = allowed_batch_variation(batch, 0.05)
     seen = set()
@@ -271,8 +282,8 @@ def test_the_bound_judges_a_whole_grid_as_it_judges_pairs():
         context = StepContext(batch, v, drift, 10_000, 40)
         lowest, highest, _ = context.window()
         sizes = list(range(lowest, highest + 1))
-        by_grid = sizer._future_alignment(grid, len(lengths), context, sizes)
-        by_pairs = sizer._future_alignment(pairs, len(lengths), context, sizes)
+        by_grid = future_alignment(grid, len(lengths), context, sizes, sizer.horizon)
+        by_pairs = future_alignment(pairs, len(lengths), context, sizes, sizer.horizon)
         assert by_grid == by_pairs
         seen |= set(by_grid.values())
     assert len(seen) > 1  # the counts differ: the comparison is not vacuous

@@ -1,0 +1,19 @@
+"""The step planner: which size each step takes so that its bin count divides by dp.
+
+One job a module, each behind a small typed interface (docs/sampler.md, "The planner's parts"):
+
+- `window`: where the stream stands (`StepContext`) and the sizes a step may take;
+- `tunables`: every tuned constant, in one record (`PlannerTunables`);
+- `bounds`: the O(1) lower bound on a segment's bins (`SegmentBound`) and judges of whether a
+  segment aligns (`BoundJudge`, remembered grids; `PairJudge`, real packer counts);
+- `segments`: packing a prefix or segment, trying to reach a multiple of dp, memoised by content;
+- `lookahead`: how many of the next steps can align after each size (`future_alignment`), or
+  from each of the next step's end boundaries (`onward_alignment`);
+- `search`: the exact and the bounded search, behind one `SizeSearch` interface;
+- `deferral`: aligning by leaving a few examples for the next step;
+- `padding`: ranking sizes that cannot align, and padding the chosen one;
+- `sizer`: `StepSizer`, which puts them together.
+
+Pure numpy: no torch, no ranks, no files. This file imports nothing, so that low modules
+(`packing.rebin`) can read the tunables without a cycle.
+"""

@@ -1,0 +1,203 @@
+"""Searching the window for a size whose packed bin count is a multiple of dp.
+
+Two strategies behind one interface (`SizeSearch.search(problem) -> SearchResult`):
+
+- `ExactSearch` (small windows): among the sizes that align, the most aligned steps ahead (real
+  packer counts for the next step, the bound beyond), then the tokens nearest the anchor. The
+  same choice as packing every size and every (size, next boundary) segment, but a segment is
+  packed only while its result could still change the choice.
+- `BoundedSearch` (larger windows): packs sizes in the bound's order (`search_order`), at most
+  a budget of them, and takes the first that aligns.
+
+`choose_search` says which applies to a window.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from megatron_packing.packing.planner.bounds import BoundJudge, PairJudge, SegmentBound
+from megatron_packing.packing.planner.lookahead import future_alignment, onward_alignment
+from megatron_packing.packing.planner.segments import Bins, SegmentPacker, first_multiple
+from megatron_packing.packing.planner.tunables import PlannerTunables
+from megatron_packing.packing.planner.window import StepContext
+
+Grids = OrderedDict[tuple[object, ...], np.ndarray]
+
+
+@dataclass(frozen=True)
+class SearchProblem:
+    """One step's search: the read-ahead, its bounds, where the stream stands, the sizes
+    (nearest the target first) and how far each size's tokens are from the anchor."""
+
+    lengths: np.ndarray
+    bound: SegmentBound
+    bounds: np.ndarray  # bound of each prefix, 0..highest
+    context: StepContext
+    sizes: list[int]
+    token_gap: Callable[[int], float]
+    packs: int = 0  # packs spent before the search (they count against the budget)
+
+
+@dataclass
+class SearchResult:
+    """What was packed (in order), the packs spent, the aligned choice if any, and the steps
+    ahead that can align after each size (where they were computed)."""
+
+    tried: list[int]
+    packs: int
+    chosen: tuple[int, Bins] | None
+    future: dict[int, int] = field(default_factory=dict)
+
+
+class SizeSearch(Protocol):
+    def search(self, problem: SearchProblem) -> SearchResult: ...
+
+
+@dataclass(frozen=True)
+class SearchSetting:
+    """What every search shares: the dp size, the lookahead horizon, the tunables, the
+    segment packer (with its memo) and the remembered grids."""
+
+    dp: int
+    horizon: int
+    tunables: PlannerTunables
+    segments: SegmentPacker
+    grids: Grids
+
+    def bound_judge(self, bound: SegmentBound) -> BoundJudge:
+        return BoundJudge(bound, self.dp, self.grids, self.tunables)
+
+
+def search_budget(tunables: PlannerTunables, lowest: int, highest: int) -> int | None:
+    """Packs allowed to the search: None (the whole window) when the window is cheap."""
+    if tunables.max_packs is None:
+        return None
+    sizes = highest - lowest + 1
+    # Packing is about linear in the examples packed, so packing every size costs about
+    # sizes x highest example placements: below the threshold a full search is affordable
+    # and the step is never behind one that packs every size.
+    if sizes * highest <= tunables.full_search_examples:
+        return None
+    return tunables.max_packs
+
+
+def searches_exactly(tunables: PlannerTunables, lowest: int, highest: int) -> bool:
+    """Plan ahead with real packer counts? Only when the whole window is searched anyway."""
+    sizes = highest - lowest + 1
+    # The next step's segments run from each candidate boundary to each boundary after it:
+    # about sizes^2 segments of up to highest examples each (memoised across steps).
+    return (search_budget(tunables, lowest, highest) is None
+            and sizes * sizes * highest <= tunables.exact_lookahead_examples)
+
+
+def promising(bound: int, dp: int, slack: int) -> bool:
+    """Could this prefix pack into a multiple of dp? (Its count is rarely above bound + slack.)"""
+    return first_multiple(bound, dp) <= bound + slack
+
+
+class ExactSearch:
+    """The whole window, with real packer counts for the next step (`searches_exactly`)."""
+
+    def __init__(self, setting: SearchSetting) -> None:
+        self.setting = setting
+
+    def search(self, problem: SearchProblem) -> SearchResult:
+        setting, lengths, sizes = self.setting, problem.lengths, problem.sizes
+        segments, bound = setting.segments, problem.bound
+        position = {k: i for i, k in enumerate(sizes)}
+        ranked = sorted(sizes, key=lambda k: (problem.token_gap(k), position[k]))
+        # Real counts for the next step, the bound beyond: as good on real pools, 3x cheaper.
+        onward = (onward_alignment(setting.bound_judge(bound), len(lengths), problem.context,
+                                   sizes, setting.horizon) if setting.horizon > 1 else None)
+        tried: list[int] = []
+        chosen, most, chosen_bins = None, -1, None
+        for k in ranked:
+            after, ends = onward.after(k, problem.context) if onward is not None else (-1, None)
+            if max(after + 1, 0) <= most:
+                continue  # cannot beat the best so far (ties keep the earlier size)
+            bins, ok = segments.segment(lengths, 0, k, bound)
+            tried.append(k)
+            if not ok:
+                continue
+            future = 0 if ends is None else max(after + int(any(
+                segments.segment(lengths, k, int(e), bound)[1] for e in ends)), 0)
+            if future > most:
+                chosen, most, chosen_bins = k, future, bins
+                if onward is None:
+                    break  # no planning ahead: the first that aligns
+        if chosen is None or chosen_bins is None:
+            return SearchResult(tried, len(tried), None)
+        return SearchResult(tried, len(tried), (chosen, chosen_bins))
+
+
+class BoundedSearch:
+    """At most a budget of packs, in the bound's order; the first size that aligns wins."""
+
+    def __init__(self, setting: SearchSetting, budget: int | None) -> None:
+        self.setting = setting
+        self.budget = budget
+
+    def search(self, problem: SearchProblem) -> SearchResult:
+        setting = self.setting
+        order, exact, future = search_order(setting, problem)
+        budget = self.budget
+        if budget is not None and not exact:
+            # No bound is a multiple of dp: the step rarely aligns.
+            budget = min(budget, setting.tunables.unlikely_packs)
+        tried: list[int] = []
+        packs = problem.packs
+        for size in order:
+            if budget is not None and packs >= budget:
+                break
+            bins, ok = setting.segments.segment(problem.lengths, 0, size, problem.bound)
+            packs += 1
+            tried.append(size)
+            if ok:
+                return SearchResult(tried, packs, (size, bins), future)
+        return SearchResult(tried, packs, None, future)
+
+
+def search_order(setting: SearchSetting, problem: SearchProblem) -> tuple[list[int], bool, dict[int, int]]:
+    """The order in which to pack the window's sizes (given nearest the target first).
+
+    Sizes whose bound is itself a multiple of dp come first (the packers here usually reach
+    the bound), then those within ``bound_slack`` bins of one; among each, the sizes after which
+    most of the next few steps can align, then the tokens nearest the anchor; then the rest,
+    which only a larger budget reaches. Also says whether any bound is itself a multiple of dp,
+    and gives the steps ahead that can align after each size, where it was computed.
+    """
+    dp, sizes, bounds = setting.dp, problem.sizes, problem.bounds
+    slack = setting.tunables.bound_slack
+
+    def tier(k: int) -> int:
+        bound = int(bounds[k])
+        if bound % dp == 0 and bound >= dp:
+            return 0  # aligns if the packer reaches the bound, as it usually does
+        return 1 if promising(bound, dp, slack) else 2  # 1: aligns a bin or so above the bound
+
+    tiers = {k: tier(k) for k in sizes}
+    future: dict[int, int] = {}
+    if setting.horizon > 1:
+        candidates = [k for k in sizes if tiers[k] < 2]
+        if len(candidates) > 1:
+            # Every size: a padded step reuses it (the backward pass costs the same).
+            future = future_alignment(setting.bound_judge(problem.bound), len(problem.lengths),
+                                      problem.context, sizes, setting.horizon)
+    position = {k: i for i, k in enumerate(sizes)}
+    order = sorted(sizes, key=lambda k: (tiers[k], -future.get(k, 0) if tiers[k] < 2 else 0,
+                                         problem.token_gap(k), position[k]))
+    return order, any(t == 0 for t in tiers.values()), future
+
+
+def packed_judge(setting: SearchSetting, lengths: np.ndarray, bound: SegmentBound) -> PairJudge:
+    """Real packer counts as a pair-by-pair judge (memoised): for checks against the bound's."""
+    def test(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        return np.array([setting.segments.segment(lengths, int(s), int(e), bound)[1]
+                         for s, e in zip(starts, ends, strict=True)], dtype=bool)
+    return PairJudge(test)

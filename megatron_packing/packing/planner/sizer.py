@@ -1,0 +1,214 @@
+"""`StepSizer`: one step's size and bins, from the parts of this package.
+
+Inside the window (`window`), a step that can align always does: the exact or the bounded
+search (`search`), planning ahead only to choose among such sizes (`lookahead`). With bounded
+deferral, a step that cannot align may leave a few examples of its window to lead the next step
+(`deferral`). Otherwise the step is padded (`padding`): among the sizes packed, the one after
+which most of the next steps can align, then the best by `padding.rank_padded`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from megatron_packing.packing.algorithms import SeqPacker
+from megatron_packing.packing.planner.bounds import SegmentBound
+from megatron_packing.packing.planner.deferral import DeferralSearch
+from megatron_packing.packing.planner.lookahead import future_alignment
+from megatron_packing.packing.planner.padding import fewest_padding_size, pad, rank_padded
+from megatron_packing.packing.planner.search import (
+    BoundedSearch,
+    ExactSearch,
+    Grids,
+    SearchProblem,
+    SearchSetting,
+    SizeSearch,
+    search_budget,
+    searches_exactly,
+)
+from megatron_packing.packing.planner.segments import Bins, SegmentPacker
+from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES, PlannerTunables
+from megatron_packing.packing.planner.window import StepContext
+from megatron_packing.validation import require_int
+
+
+@dataclass
+class SizingDecision:
+    """The chosen size and its bins (positions into the step's prefix of ``span`` examples)."""
+
+    size: int  # examples emitted by this step
+    bins: Bins  # a multiple of dp; empty lists are placeholder bins
+    packed_bins: int  # the count the packer reached for these examples
+    padding_bins: int  # bins added beyond packed_bins to reach a multiple of dp
+    placeholder_bins: int  # bins with no example at all
+    aligned: bool  # packed_bins is a multiple of dp: no padding bin was needed
+    packs: int  # segments evaluated by the search (memo hits included, so plans never depend on it)
+    hopeless: bool = False  # no size in the window could align (too few bins for dp)
+    candidates: list[int] = field(default_factory=list)  # sizes that were packed, in order
+    span: int = 0  # examples of the read-ahead consumed: size + deferred
+    deferred: list[int] = field(default_factory=list)  # positions (< span) left for the next step
+    packer_runs: int = 0  # packer runs really made for this step, lookahead included
+
+
+class StepSizer:
+    """Picks step sizes for a packer and a data-parallel size.
+
+    ``lengths`` passed to `decide` are the raw lengths of the examples ahead, in stream order;
+    ``aligned`` are their aligned sizes as the packer sees them (own-bin oversize examples larger
+    than the usable capacity). ``max_deferred`` > 0 lets a step that cannot align leave up to
+    that many examples of its window to lead the next step. Among equally good sizes, the one
+    whose tokens are nearest the target times the mean length of the examples read ahead wins:
+    token load per step stays even while the drift is still repaid.
+    """
+
+    def __init__(self, packer: SeqPacker, dp_size: int, *, max_deferred: int = 0,
+                 tunables: PlannerTunables = DEFAULT_TUNABLES) -> None:
+        dp = require_int("dp_size", dp_size, minimum=1, error=ValueError)
+        deferred = require_int("max_deferred", max_deferred, minimum=0, error=ValueError)
+        assert dp is not None and deferred is not None  # allow_none is off
+        self.packer = packer
+        self.dp_size = dp
+        self.tunables = tunables
+        self.horizon = max(1, int(tunables.lookahead_steps))
+        self.max_deferred = deferred
+        self.capacity = packer.usable_capacity
+        self.segments = SegmentPacker(packer, dp, tunables)
+        self.grids: Grids = OrderedDict()
+        self.setting = SearchSetting(dp, self.horizon, tunables, self.segments, self.grids)
+        self.deferral = DeferralSearch(self.segments, dp, self.capacity, deferred, tunables.defer_tries)
+
+    def bound(self, aligned: np.ndarray) -> SegmentBound:
+        """The segment bound of a read-ahead (its aligned sizes)."""
+        return SegmentBound(aligned, self.capacity)
+
+    def search_for(self, lowest: int, highest: int) -> SizeSearch:
+        """The search strategy a window gets: exact when small, bounded otherwise."""
+        budget = search_budget(self.tunables, lowest, highest)
+        if budget is None and searches_exactly(self.tunables, lowest, highest):
+            return ExactSearch(self.setting)
+        return BoundedSearch(self.setting, budget)
+
+    def decide(self, lengths: np.ndarray, aligned: np.ndarray, context: StepContext,
+               forced: int = 0) -> SizingDecision:
+        """Choose this step's size and bins. ``lengths`` must cover the window's highest size
+        (plus ``max_deferred`` when deferring); the first ``forced`` examples were deferred by
+        the previous step and may not be deferred again."""
+        lowest, highest, target = context.window()
+        if len(lengths) < highest:
+            raise ValueError(f"need {highest} examples read ahead, got {len(lengths)}")
+        if forced > lowest:
+            raise ValueError(f"{forced} deferred examples do not fit a window starting at {lowest}")
+        runs_before = self.segments.runs
+        decision = self._decide(lengths, aligned, context, forced)
+        decision.packer_runs += self.segments.runs - runs_before
+        return decision
+
+    def _decide(self, lengths: np.ndarray, aligned: np.ndarray, context: StepContext,
+                forced: int) -> SizingDecision:
+        lowest, highest, target = context.window()
+        bound = self.bound(aligned)
+        bounds = bound.prefixes(highest)
+        dp = self.dp_size
+
+        if lowest == highest:  # forced: the epoch's tail or the run's final step
+            bins, ok = self.segments.evaluate(lengths[:target], int(bounds[target]))
+            return self._finish(lengths[:target], bins, ok, 1, [target], runs=1,
+                                sizes=aligned[:target])
+
+        # Hopeless: even the largest size packs into fewer bins than dp. The target is packed;
+        # the examples beyond it add about two bins per capacity of tokens at most, plus one
+        # (first-fit packings leave at most one bin half empty, so each added bin holds more
+        # than half a capacity). Only when that estimate reaches dp is the largest size packed.
+        packs = 0
+        if bounds[highest] < dp:
+            bins = self.packer.pack(lengths[:target])
+            packs += 1
+            extra = int(np.minimum(aligned[target:highest], self.capacity).sum())
+            at_most = len(bins) + 2 * -(-extra // self.capacity) + int(highest > target)
+            if at_most >= dp:
+                at_most = len(self.packer.pack(lengths[:highest]))
+                packs += 1
+            if at_most < dp:
+                decision = self._finish(lengths[:target], bins, False, packs, [target], runs=packs,
+                                        sizes=aligned[:target])
+                decision.hopeless = True
+                return decision
+
+        tokens = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
+        # The tokens a target-sized step should carry at the running mean of the examples read
+        # ahead (about ``horizon`` steps of them).
+        anchor = float(tokens[-1]) / max(len(lengths), 1) * target
+
+        def token_gap(k: int) -> float:
+            return abs(float(tokens[k]) - anchor)
+
+        # A fixed-B step's token spread: sqrt(target) x the read-ahead's length std. A size
+        # further than this from the anchor raises the token load's spread above fixed B's.
+        spread = float(np.sqrt(target) * lengths.std()) if len(lengths) else 0.0
+
+        problem = SearchProblem(lengths, bound, bounds, context, context.window().sizes(),
+                                token_gap, packs)
+        result = self.search_for(lowest, highest).search(problem)
+        tried, packs, future = result.tried, result.packs, result.future
+        if result.chosen is not None:
+            size, bins = result.chosen
+            return self._finish(lengths[:size], bins, True, packs, tried)
+
+        budget = search_budget(self.tunables, lowest, highest)
+        if self.max_deferred:
+            deferral = self.deferral.search(lengths, aligned, bound, context, forced, target,
+                                            tokens, anchor, budget)
+            if deferral is not None:
+                decision = self._finish(lengths[:deferral.span], deferral.kept, True,
+                                        deferral.packs, [deferral.span], deferred=deferral.moved)
+                decision.packs += packs
+                return decision
+
+        # Nothing aligned: also pack the size whose bound promises the fewest padding bins.
+        best = fewest_padding_size(bounds, lowest, highest, target, dp)
+        if best not in tried:
+            tried.append(best)
+            packs += 1
+        packed = {}
+        for size in tried:
+            bins, ok = self.segments.segment(lengths, 0, size, bound)
+            if ok:  # the size the bound favours aligned after all
+                return self._finish(lengths[:size], bins, True, packs, tried)
+            packed[size] = bins
+        ranked = rank_padded(packed, dp, target, token_gap, spread, self.tunables.padding_weight)
+        size = ranked[0]
+        # Plan ahead here too (the bound judges): a padded step that leaves the next steps able to
+        # align saves more bins than its own padding would (measured on the six study geometries:
+        # fewer bins than the exhaustive search on each, where fewest padding first was behind).
+        if self.horizon > 1 and len(ranked) > 1:
+            if any(k not in future for k in ranked):
+                future = future_alignment(self.setting.bound_judge(bound), len(lengths), context,
+                                          ranked, self.horizon)
+            size = min(ranked, key=lambda k: -future[k])  # stable: ties keep the ranking
+        return self._finish(lengths[:size], packed[size], False, packs, tried, sizes=aligned[:size])
+
+    def _finish(self, lengths: np.ndarray, bins: Bins, aligned: bool, packs: int, tried: list[int],
+                *, deferred: list[int] | None = None, runs: int = 0,
+                sizes: np.ndarray | None = None) -> SizingDecision:
+        packed = len(bins)
+        if aligned:
+            final, placeholders = bins, 0
+        else:
+            final, placeholders = pad(self.packer, self.dp_size, lengths, bins, sizes)
+        deferred = list(deferred or [])
+        return SizingDecision(
+            size=len(lengths) - len(deferred),
+            bins=final,
+            packed_bins=packed,
+            padding_bins=len(final) - packed,
+            placeholder_bins=placeholders,
+            aligned=aligned and packed % self.dp_size == 0,
+            packs=packs,
+            candidates=tried,
+            span=len(lengths),
+            deferred=deferred,
+            packer_runs=runs,
+        )

@@ -1,0 +1,91 @@
+"""Every tuned constant of the step planner, in one record, with the measurement behind it.
+
+"The six study geometries" are those of ``benchmarks/bench_reference_study.py`` (B / capacity /
+dp: 1024/64K/4, 1024/64K/8, 256/16K/8, 512/32K/16, 128/4K/8, 128/4K/4; 677 steps of the mixed
+shipped pools). "The sweep" is ``benchmarks/bench_planner_constants.py``: each field halved and
+doubled on 128/4K/8 (150 steps), 256/16K/8 (100), 1024/64K/8 (40) and 128/4K/8 with deferral 8
+(150), saved in ``benchmarks/results/bench_planner_constants.md``. Where a field says "no
+change", bins, aligned steps, token CV and step-time CV were all identical at x0.5 and x2 on
+those four: the outcome there does not rest on the exact value, only speed does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PlannerTunables:
+    """The planner's tuned constants. Pure caches (``memo_examples``, ``grids_remembered``,
+    ``grid_cache_cells``) change only speed, never a plan (the sweep confirms it)."""
+
+    max_packs: int | None = 8
+    """Packs a large window's search may spend (None: every size); the config's ``max_packs``.
+    Basis: the fast path of the six study geometries (fewer bins than the exhaustive search on
+    each, 1-2 packer runs a step at B = 1024). Sweep: no change at 4 or 16."""
+
+    unlikely_packs: int = 3
+    """The large-window budget when no size's bound is a multiple of dp (a step then rarely
+    aligns). Basis: inherited with ``max_packs`` from the study geometries; no measurement of
+    its own. Sweep: no change at 1 or 6."""
+
+    bound_slack: int = 1
+    """A size whose bound is at most this many bins below a multiple of dp is still tried
+    (tier 1). Basis: inherited, no measurement of its own. Sweep: no change at 0; at 2, one
+    aligned step fewer and token CV -0.24 points at 1024/64K/8, no change elsewhere."""
+
+    full_search_examples: int = 16_384
+    """Every size is packed when (sizes in the window) x (largest size) is at most this: B = 128
+    and 256 at variation 0.05. Basis: a fixed budget of 8 packs was behind the exhaustive search
+    at 64/4K/dp8 (2,776 bins against 2,768; whole-window search 2,752:
+    ``test_never_behind_the_exhaustive_search_on_a_small_window``). Sweep: no change at 8,192 or
+    32,768 (the sweep's windows are 13, 25 and 103 sizes; none crosses the threshold)."""
+
+    exact_lookahead_examples: int = 32_768
+    """Planning ahead packs the next step's real segments when (sizes)^2 x (largest size) is at
+    most this (B = 128 at variation 0.05), where the bound is loose for examples of a third of
+    the capacity. Basis: 36 aligned steps against 31 greedy at 128/4K/dp8
+    (``test_lookahead_aligns_more_steps_than_greedy``). Sweep: bins and aligned steps unchanged at
+    16,384 (where B = 128 falls back to the bounded search; the CV moves by under 0.01 points
+    with deferral) and at 65,536."""
+
+    lookahead_steps: int = 6
+    """Steps planned together (the config's ``lookahead_steps``). Basis: against 3 on the study
+    geometries, 64.3% against 61.0% aligned at 128/4K/dp8 and bins fewer or the same, for about
+    1 ms more a step at B = 1024. Sweep: at 3, +8 bins and -1 aligned at 128/4K/8, -1 aligned at
+    256/16K/8, +1 aligned at 1024/64K/8 and with deferral; at 12, -2 aligned at 1024/64K/8 and
+    +1 with deferral, the bins unchanged."""
+
+    padding_weight: float = 0.3
+    """What a padding bin of a padded step weighs against its squared token distance from the
+    anchor (in fixed-B token spreads). Basis: on the study geometries and two streams, at
+    0.2-0.4 each keeps fewer bins than the exhaustive search and a token CV no higher than fixed
+    B's; padding first raises the CV at dp 16; tokens alone lose bins at dp 8. Sweep: at 0.15,
+    +8 bins at 128/4K/8; at 0.6, -8 bins and +1 aligned there but token CV +0.12 points at
+    256/16K/8 (a 150-step stream; the basis ran 677 steps)."""
+
+    defer_tries: int = 3
+    """Deferring the largest examples tries the fewest the token bound allows, then this many
+    more counts. Basis: inherited, no measurement of its own. Sweep (deferral 8 at 128/4K/8):
+    no change at 1 or 6."""
+
+    repair_budget: int = 8
+    """Evictions the fixed-count repacking (``packing.rebin.fit_into_count``, which reads it
+    here) may make before it gives up. Basis: inherited, no measurement of its own. Sweep: no
+    change at 4 or 16."""
+
+    grid_cache_cells: int = 256
+    """(boundary x next boundary) grids of at least this many cells are remembered across steps;
+    smaller ones are judged anew, cheaper than hashing their key (a pure cache)."""
+
+    grids_remembered: int = 12
+    """Grids remembered across steps: about two steps' worth at ``lookahead_steps`` = 6 (a
+    pure cache)."""
+
+    memo_examples: int = 65_536
+    """Packed segments remembered across steps, counted in examples held: about three steps'
+    segments of the exact lookahead at B = 128 (a pure cache)."""
+
+
+DEFAULT_TUNABLES = PlannerTunables()
+DEFAULT_LOOKAHEAD_STEPS = DEFAULT_TUNABLES.lookahead_steps

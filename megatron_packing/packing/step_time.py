@@ -1,0 +1,75 @@
+"""Modeled step time: a step lasts as long as its slowest rank.
+
+A rank's time is the sum over its bins of the balance cost ``s + s^2 / k`` of each sequence
+(`balance.sequence_cost`: attention makes equal tokens unequal work). Across steps we report
+the step-time CV (std / mean of the slowest rank's cost: how much step times jump) and the
+imbalance mean(slowest rank) / mean(rank cost), the share of a step the other ranks wait.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from megatron_packing.packing.balance import (
+    DEFAULT_ATTENTION_COST_CONSTANT,
+    assign_bins_to_ranks,
+    bin_costs,
+)
+
+
+def _bin_costs(bin_lengths: Sequence[Sequence[int]], attention_constant: float) -> np.ndarray:
+    flat = [int(s) for b in bin_lengths for s in b]
+    positions, start = [], 0
+    for b in bin_lengths:
+        positions.append(list(range(start, start + len(b))))
+        start += len(b)
+    return bin_costs(positions, np.asarray(flat, dtype=np.int64), attention_constant)
+
+
+def rank_times(bin_lengths: Sequence[Sequence[int]], rank_bins: Sequence[Sequence[int]],
+               attention_constant: float = DEFAULT_ATTENTION_COST_CONSTANT) -> np.ndarray:
+    """Each rank's modeled time: its bins' costs summed (``bin_lengths``: the sequence lengths
+    in each bin; ``rank_bins``: each rank's bin ids)."""
+    costs = _bin_costs(bin_lengths, attention_constant)
+    return np.array([float(costs[list(ids)].sum()) for ids in rank_bins])
+
+
+def balanced_rank_bins(bin_lengths: Sequence[Sequence[int]], dp: int,
+                       attention_constant: float = DEFAULT_ATTENTION_COST_CONSTANT) -> list[list[int]]:
+    """The sampler's default assignment (Karmarkar-Karp on the same costs) for a plan that
+    carries no ranks of its own, such as the exhaustive reference's."""
+    return assign_bins_to_ranks(_bin_costs(bin_lengths, attention_constant), dp)
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """The slowest rank's and the mean rank's modeled time, per step."""
+
+    slowest: np.ndarray
+    mean_rank: np.ndarray
+
+    @property
+    def cv(self) -> float:
+        """Step-time CV across steps: std / mean of the slowest rank's time."""
+        mean = float(self.slowest.mean()) if self.slowest.size else 0.0
+        return float(self.slowest.std() / mean) if mean > 0 else 0.0
+
+    @property
+    def imbalance(self) -> float:
+        """mean(slowest rank) / mean(rank): 1.0 when no rank ever waits."""
+        mean = float(self.mean_rank.mean()) if self.mean_rank.size else 0.0
+        return float(self.slowest.mean() / mean) if mean > 0 else 1.0
+
+
+def step_times(steps: Sequence[tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]]],
+               attention_constant: float = DEFAULT_ATTENTION_COST_CONSTANT) -> StepTimes:
+    """`StepTimes` of a run: ``steps`` holds (bin lengths, rank bins) per step."""
+    slowest, mean = [], []
+    for bin_lengths, rank_bins in steps:
+        times = rank_times(bin_lengths, rank_bins, attention_constant)
+        slowest.append(float(times.max()))
+        mean.append(float(times.mean()))
+    return StepTimes(np.asarray(slowest), np.asarray(mean))
