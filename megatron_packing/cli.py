@@ -60,10 +60,10 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _inspect_config(args: argparse.Namespace) -> int:
-    from megatron_packing.config import PackingConfig
-    from megatron_packing.megatron.trainer_config import read_yaml, training_config_from_dict
+    from megatron_packing.config import PackingConfig, read_yaml_mapping
+    from megatron_packing.megatron.trainer_config import training_config_from_dict
 
-    document = read_yaml(args.config) or {}
+    document = read_yaml_mapping(args.config)
     if isinstance(document, dict) and "packing" in document:
         # A training YAML: check every section the way `train` will.
         training_config_from_dict(document, source=args.config)

@@ -295,6 +295,14 @@ class WorkerConfig:
         _check(self, "persistent_workers", require_bool)
         _check(self, "prefetch_factor", require_positive_int, allow_none=True)
         _check(self, "pin_memory", require_bool)
+        if self.num_workers == 0:  # these only shape worker processes: without any, no effect
+            for name, unset in (("prefetch_factor", None), ("persistent_workers", False),
+                                ("multiprocessing_context", None)):
+                if getattr(self, name) != unset:
+                    raise ConfigError(
+                        f"{name}={getattr(self, name)!r} only applies to loader worker "
+                        f"processes, but num_workers is 0 (the main process loads); set "
+                        f"num_workers >= 1, or remove {name}")
 
     def loader_options(self) -> dict[str, Any]:
         """Keywords for the DataLoader; the worker-only ones only when there are workers."""

@@ -16,9 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from megatron_packing.config import ConfigError, PackingConfig, dataclass_from_mapping
+from megatron_packing.config import (
+    ConfigError,
+    PackingConfig,
+    dataclass_from_mapping,
+    read_yaml_mapping,
+)
 from megatron_packing.validation import require_bool, require_choice, require_int, require_number
 
 WANDB_MODES = ("offline", "online", "disabled")
@@ -173,6 +176,9 @@ def _check_data(d: DataConfig, source: str) -> None:
     c.choice("loss_on", LOSS_ON_CHOICES)
     c.choice("on_bad_record", ON_BAD_RECORD_CHOICES)
     c.text("cache_dir", optional=True)
+    if (not isinstance(d.valid_paths, list)
+            or not all(isinstance(p, str) and p for p in d.valid_paths)):
+        c.fail("valid_paths", "a list of dataset paths (empty: no validation data)")
 
 
 def _check_logging(lg: LoggingConfig, source: str) -> None:
@@ -201,6 +207,10 @@ def check_paths_exist(cfg: TrainingConfig, source: str = "config") -> None:
     for i, path in enumerate(cfg.data.paths):
         if not Path(cfg.resolve(path)).exists():
             raise ConfigError(f"{source}: data.paths[{i}] {cfg.resolve(path)!r} does not exist")
+    for i, path in enumerate(cfg.data.valid_paths):
+        if not Path(cfg.resolve(path)).exists():
+            raise ConfigError(f"{source}: data.valid_paths[{i}] {cfg.resolve(path)!r} does not "
+                              "exist")
     if not Path(cfg.resolve(cfg.data.tokenizer)).is_dir():
         raise ConfigError(f"{source}: data.tokenizer {cfg.resolve(cfg.data.tokenizer)!r} is not "
                           "a tokenizer directory")
@@ -239,26 +249,10 @@ def training_config_from_dict(document: dict[str, Any], *, source: str = "config
     return TrainingConfig(packing=packing, base_dir=base_dir, **parts)
 
 
-def read_yaml(path: str | Path) -> Any:
-    """Parse a YAML file; a syntax error names the file, line and column."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
-
-
 def load_training_config(path: str | Path, *, check_paths: bool = True) -> TrainingConfig:
     """Read and check a training YAML; relative paths inside it resolve against the cwd."""
-    document = read_yaml(path)
-    if document is None:
+    document = read_yaml_mapping(path)
+    if not document:
         raise ConfigError(f"{path}: the file is empty; expected the sections packing, "
                           f"{', '.join(_SECTIONS)}")
     cfg = training_config_from_dict(document, source=str(path), base_dir=".")
