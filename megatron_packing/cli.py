@@ -13,6 +13,7 @@ def _train(args: argparse.Namespace) -> int:
     from megatron_packing.megatron.checkpoint import CheckpointError
     from megatron_packing.megatron.demo_trainer import TrainingError, format_summary, train
     from megatron_packing.megatron.launch import RunInterrupted, is_main_process
+    from megatron_packing.megatron.run_dir import OutputDirHoldsRun
     from megatron_packing.megatron.run_lock import OutputDirInUse
     from megatron_packing.megatron.trainer_config import load_training_config
     from megatron_packing.validation import require_positive_int
@@ -22,12 +23,13 @@ def _train(args: argparse.Namespace) -> int:
         if args.steps is not None:
             cfg.train.steps = require_positive_int("--steps", args.steps)
         out = args.output_dir or cfg.train.output_dir
-        summary = train(cfg, output_dir=out, resume=args.resume, use_wandb=not args.no_wandb)
+        summary = train(cfg, output_dir=out, resume=args.resume, use_wandb=not args.no_wandb,
+                        overwrite=args.overwrite)
     except RunInterrupted as exc:
         print(f"megatron-packing train: {exc}; the latest checkpoint is under {out}/checkpoints "
               "and --resume continues from it", file=sys.stderr, flush=True)
         return 128 + exc.signum
-    except (ConfigError, CheckpointError, TrainingError, OutputDirInUse) as exc:
+    except (ConfigError, CheckpointError, TrainingError, OutputDirInUse, OutputDirHoldsRun) as exc:
         print(f"megatron-packing train: error: {exc}", file=sys.stderr, flush=True)
         return 2
     if is_main_process():
@@ -104,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--config", required=True, help="training YAML (packing, data, model, train, logging)")
     tr.add_argument("--output-dir", help="where metrics, plot and checkpoints go")
     tr.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    tr.add_argument("--overwrite", action="store_true",
+                    help="replace a run already in the output directory (its metrics, summary "
+                         "and checkpoints); without it, or --resume, such a directory is refused")
     tr.add_argument("--no-wandb", action="store_true", help="do not log to W&B")
     tr.add_argument("--steps", type=int, help="override train.steps")
 

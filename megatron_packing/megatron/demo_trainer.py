@@ -40,6 +40,7 @@ from megatron_packing.megatron.launch import (
     spawn_data_parallel,
     torchrun_rank,
 )
+from megatron_packing.megatron.run_dir import check_output_path, claim_output_dir
 from megatron_packing.megatron.run_lock import hold_output_dirs
 from megatron_packing.megatron.trainer_config import TrainingConfig
 from megatron_packing.metrics import (
@@ -66,15 +67,19 @@ class RunSpec:
     num_workers: int | None = None  # overrides train.num_workers
     use_wandb: bool = True
     quiet: bool = False
+    overwrite: bool = False  # replace a run already in output_dir (else refused unless resume)
 
 
 def train(cfg: TrainingConfig, *, output_dir: str | None = None, resume: bool = False,
           use_wandb: bool = True, stop_after: int | None = None,
-          num_workers: int | None = None) -> dict[str, Any]:
-    """Train with ``cfg`` in fresh processes; return the run summary (also in summary.json)."""
+          num_workers: int | None = None, overwrite: bool = False) -> dict[str, Any]:
+    """Train with ``cfg`` in fresh processes; return the run summary (also in summary.json).
+
+    A directory that already holds a run needs ``resume`` (continue it) or ``overwrite``.
+    """
     spec = RunSpec(output_dir=output_dir or cfg.train.output_dir, resume=resume,
                    stop_after=stop_after, num_workers=num_workers,
-                   use_wandb=use_wandb and cfg.logging.wandb)
+                   use_wandb=use_wandb and cfg.logging.wandb, overwrite=overwrite)
     return launch_runs(cfg, [spec])[0]
 
 
@@ -89,6 +94,8 @@ def launch_runs(cfg: TrainingConfig, specs: list[RunSpec]) -> list[dict[str, Any
     """
     launched = torchrun_rank()
     if launched is None:
+        for spec in specs:
+            check_output_path(spec.output_dir)
         with hold_output_dirs([s.output_dir for s in specs]):
             _prepare_launch(cfg, specs)
             spawn_data_parallel(_worker, cfg.train.dp_size, cfg, specs)
@@ -102,7 +109,12 @@ def launch_runs(cfg: TrainingConfig, specs: list[RunSpec]) -> list[dict[str, Any
 
 
 def _prepare_launch(cfg: TrainingConfig, specs: list[RunSpec]) -> None:
-    """Everything that can fail before the ranks start: data, and checkpoints to resume."""
+    """Everything that can fail before the ranks start: the output directory (a run in it
+    needs resume or overwrite), data, and checkpoints to resume."""
+    for spec in specs:
+        for note in claim_output_dir(spec.output_dir, resume=spec.resume,
+                                     overwrite=spec.overwrite):
+            print(f"[train] {note}", flush=True)
     dataset = _load_dataset(cfg)  # tokenized once here: the ranks only read the cached index
     if len(dataset) == 0:
         skipped = dict(dataset.skipped) if hasattr(dataset, "skipped") else {}
