@@ -47,6 +47,11 @@ RANK_ASSIGNMENTS = ("karmarkar_karp", "round_robin")
 SAMPLER_SPLIT_METHOD: SplitMethod = "balanced"
 """Padded mode's splitter: the balanced split won or tied every workload of the benchmark."""
 
+MAX_SEED = 2**63 - 1
+"""Seeds are signed 64-bit integers in torch and numpy; a larger one would overflow there."""
+MAX_BIN_CAPACITY = 2**31 - 1
+"""Packed rows are addressed by int32 ``cu_seqlens`` (THD), so a row holds fewer tokens."""
+
 Config = TypeVar("Config")
 
 
@@ -86,7 +91,7 @@ class PackerConfig:
     fp8_recipe: str | None = None
 
     def __post_init__(self) -> None:
-        _check(self, "bin_capacity", require_positive_int)
+        _check(self, "bin_capacity", require_int, minimum=1, maximum=MAX_BIN_CAPACITY)
         _check(self, "algorithm", require_choice, choices=PACKING_ALGORITHMS)
         _check(self, "oversize_policy", require_choice, choices=OVERSIZE_POLICIES)
         _check(self, "tp_size", require_positive_int)
@@ -217,7 +222,7 @@ class LoaderConfig:
     def __post_init__(self) -> None:
         _check(self, "use_sequence_packing", require_bool)
         _check(self, "base_order", require_choice, choices=BASE_ORDERS)
-        _check(self, "seed", require_int, minimum=0)
+        _check(self, "seed", require_int, minimum=0, maximum=MAX_SEED)
 
     def order_kind(self, eval_mode: bool) -> str:
         """The base order to build: evaluation always reads its examples in sequence."""
@@ -241,7 +246,7 @@ class PackedSamplerConfig:
         _require_component(self, "packer", PackerConfig)
         _require_component(self, "planner", PlannerConfig)
         _check(self, "dp_size", require_positive_int)
-        _check(self, "seed", require_int, minimum=0)
+        _check(self, "seed", require_int, minimum=0, maximum=MAX_SEED)
         _check(self, "eval_mode", require_bool)
 
     @property
@@ -276,7 +281,7 @@ class PaddedSamplerConfig:
         _check(self, "global_batch_size", require_positive_int)
         _check(self, "dp_size", require_positive_int)
         _require_component(self, "padded", PaddedConfig)
-        _check(self, "seed", require_int, minimum=0)
+        _check(self, "seed", require_int, minimum=0, maximum=MAX_SEED)
         _check(self, "eval_mode", require_bool)
 
 

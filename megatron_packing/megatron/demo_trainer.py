@@ -15,6 +15,7 @@ stop every rank at the same step with a final checkpoint (see `megatron.launch`)
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import sys
 import time
@@ -23,13 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from megatron_packing.megatron.checkpoint import (
+    check_setup,
     find_resume_checkpoint,
     latest_checkpoint,
     load_checkpoint,
+    resume_checkpoint,
     save_checkpoint,
 )
 from megatron_packing.megatron.launch import (
@@ -121,11 +125,44 @@ def _prepare_launch(cfg: TrainingConfig, specs: list[RunSpec]) -> None:
         detail = (f"every record was skipped as bad ({sum(skipped.values())} records: "
                   f"{skipped})" if skipped else "the files hold no records")
         raise TrainingError(f"no examples to train on in {', '.join(cfg.data.paths)}: {detail}")
+    from megatron_packing.fetch import check_loss_targets
+
+    try:
+        check_loss_targets(dataset, dataset.loss_token_counts)
+    except ValueError as exc:
+        raise TrainingError(str(exc)) from None
+    if cfg.data.valid_paths:
+        print("[train] warning: data.valid_paths is not read by the demo trainer (it has no "
+              "validation pass); the Megatron-LM entry point evaluates on it", flush=True)
+    setup = resume_setup(cfg, dataset)
     for spec in specs:
         if spec.resume:
-            _, notes = find_resume_checkpoint(spec.output_dir, cfg.train.dp_size)
+            chosen, notes = find_resume_checkpoint(spec.output_dir, cfg.train.dp_size)
+            if chosen is not None:
+                check_setup(chosen, setup)
             for note in notes:
                 print(f"[train] {note}", flush=True)
+
+
+RESUME_FIXED = {
+    "train": ("lr", "min_lr", "warmup_steps", "weight_decay"),
+    "model": ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+              "max_position_embeddings", "dtype", "init_seed"),
+    "data": ("loss_on", "on_bad_record"),
+}
+"""Settings a checkpoint fixes: the optimizer and LR schedule restore lr, weight decay and the
+schedule's shape, the model its shapes and weights, the data options its loss masks. A changed
+one would be silently replaced (or fail inside torch), so a resume refuses it by name."""
+
+
+def resume_setup(cfg: TrainingConfig, dataset: Any) -> dict[str, Any]:
+    """What a checkpoint records and a resume must find unchanged (JSON values)."""
+    setup: dict[str, Any] = {f"{section}.{key}": getattr(getattr(cfg, section), key)
+                             for section, keys in RESUME_FIXED.items() for key in keys}
+    counts = np.ascontiguousarray(dataset.loss_token_counts, dtype=np.int64)
+    setup["data.loss_targets_sha256"] = hashlib.sha256(counts.tobytes()).hexdigest()[:24]
+    setup["model.vocab_size"] = _vocab_size(cfg)
+    return setup
 
 
 def _torchrun_worker(rank: int, world: int, cfg: TrainingConfig, specs: list[RunSpec]) -> None:
@@ -200,7 +237,8 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
                               min_ratio=tc.min_lr / tc.lr)
 
     start_step = 0
-    latest = latest_checkpoint(out) if spec.resume else None
+    setup = resume_setup(cfg, dataset)
+    latest = resume_checkpoint(out)[0] if spec.resume else None
     if latest is not None:
         state = load_checkpoint(latest, rank)
         model.load_state_dict(state["model"])
@@ -222,7 +260,7 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
         save_checkpoint(out, at, rank, {
             "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "dataloader": loader.state_dict(),
-        }, keep=tc.checkpoint_keep)
+        }, keep=tc.checkpoint_keep, setup=setup)
 
     iterator = iter(loader)
     step = start_step

@@ -12,6 +12,7 @@ weights. (``train.seed`` no longer exists; a YAML that still sets it is refused 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from megatron_packing.config import (
     dataclass_from_mapping,
     read_yaml_mapping,
 )
+from megatron_packing.config.components import MAX_SEED
 from megatron_packing.validation import require_bool, require_choice, require_int, require_number
 
 WANDB_MODES = ("offline", "online", "disabled")
@@ -117,9 +119,10 @@ class _Checker:
         value = getattr(self.values, key)
         raise ConfigError(f"{self._name(key)} must be {expected}, got {value!r}")
 
-    def integer(self, key: str, minimum: int, *, optional: bool = False) -> None:
+    def integer(self, key: str, minimum: int, *, optional: bool = False,
+                maximum: int | None = None) -> None:
         require_int(self._name(key), getattr(self.values, key), minimum=minimum,
-                    allow_none=optional)
+                    maximum=maximum, allow_none=optional)
 
     def number(self, key: str, *, minimum: float, strict: bool) -> None:
         require_number(self._name(key), getattr(self.values, key), minimum=minimum,
@@ -159,10 +162,26 @@ def _check_model(m: ModelConfig, packing: PackingConfig, source: str) -> None:
         c.integer(key, 1)
     c.integer("ffn_hidden_size", 1, optional=True)
     c.integer("max_position_embeddings", packing.bin_capacity, optional=True)
-    c.integer("init_seed", 0)
+    c.integer("init_seed", 0, maximum=MAX_SEED)
     c.choice("dtype", DTYPES)
     if m.hidden_size % m.num_attention_heads:
         c.fail("num_attention_heads", f"a divisor of model.hidden_size ({m.hidden_size})")
+    positions = m.max_position_embeddings or packing.bin_capacity
+    table = positions * m.hidden_size * (8 if m.dtype == "float64" else 4)
+    if table > _memory_bytes() // 2:
+        raise ConfigError(
+            f"{source}: the position-embedding table alone would take {table / 2**30:.1f} GiB "
+            f"({positions} positions x hidden_size {m.hidden_size}), more than half of this "
+            f"machine's memory ({_memory_bytes() / 2**30:.1f} GiB); lower packing.bin_capacity "
+            "(or model.max_position_embeddings)")
+
+
+def _memory_bytes() -> int:
+    """Physical memory of this machine (a large default where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 2**40
 
 
 def _check_data(d: DataConfig, source: str) -> None:
