@@ -10,9 +10,15 @@ from collections.abc import Sequence
 def _train(args: argparse.Namespace) -> int:
     """Check everything that can be checked, then train (spawning ranks, or under torchrun)."""
     from megatron_packing.config import ConfigError
+    from megatron_packing.data import BadRecordError, CorruptStoreError
     from megatron_packing.megatron.checkpoint import CheckpointError
-    from megatron_packing.megatron.demo_trainer import TrainingError, format_summary, train
-    from megatron_packing.megatron.launch import RunInterrupted, is_main_process
+    from megatron_packing.megatron.demo_trainer import (
+        PeerFailed,
+        TrainingError,
+        format_summary,
+        train,
+    )
+    from megatron_packing.megatron.launch import RankFailed, RunInterrupted, is_main_process
     from megatron_packing.megatron.run_dir import OutputDirHoldsRun
     from megatron_packing.megatron.run_lock import OutputDirInUse
     from megatron_packing.megatron.trainer_config import load_training_config
@@ -29,7 +35,21 @@ def _train(args: argparse.Namespace) -> int:
         print(f"megatron-packing train: {exc}; the latest checkpoint is under {out}/checkpoints "
               "and --resume continues from it", file=sys.stderr, flush=True)
         return 128 + exc.signum
-    except (ConfigError, CheckpointError, TrainingError, OutputDirInUse, OutputDirHoldsRun) as exc:
+    except RankFailed as exc:
+        if exc.refusal:
+            print(f"megatron-packing train: error: {exc}", file=sys.stderr, flush=True)
+            return 2
+        if exc.detail:
+            print(f"megatron-packing train: internal error on rank {exc.rank}, a bug in "
+                  f"megatron_packing (please report it with this traceback):\n{exc.detail}",
+                  file=sys.stderr, end="", flush=True)
+        else:
+            print(f"megatron-packing train: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except PeerFailed:
+        return 2  # rank 0 of the torchrun launch prints the refusal
+    except (ConfigError, CheckpointError, TrainingError, OutputDirInUse, OutputDirHoldsRun,
+            BadRecordError, CorruptStoreError) as exc:
         print(f"megatron-packing train: error: {exc}", file=sys.stderr, flush=True)
         return 2
     if is_main_process():
@@ -140,7 +160,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _tune(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "train":
-        return _train(args)
+        try:
+            return _train(args)
+        except Exception:  # not a refusal: show where, under one line that says what it is
+            import traceback
+
+            print("megatron-packing train: internal error, a bug in megatron_packing (please "
+                  f"report it with this traceback):\n{traceback.format_exc()}", file=sys.stderr,
+                  end="", flush=True)
+            return 1
     return _inspect(args)
 
 

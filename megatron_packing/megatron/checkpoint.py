@@ -217,7 +217,8 @@ def find_resume_checkpoint(output_dir: str | Path, world_size: int) -> tuple[Pat
     if chosen is None:
         return None, notes
     verify_checkpoint(chosen, world_size)
-    notes.append(note or f"resuming from {chosen}")
+    if note:
+        notes.append(note)
     return chosen, notes
 
 

@@ -91,6 +91,25 @@ class TrainingError(RuntimeError):
     """A run that cannot start or go on (empty dataset, unusable checkpoint, ...)."""
 
 
+class PeerFailed(TrainingError):
+    """Under torchrun: rank 0's refusal, raised on the other ranks (rank 0 alone prints it)."""
+
+
+def _refusals() -> tuple[type[BaseException], ...]:
+    from megatron_packing.data import BadRecordError, CorruptStoreError
+    from megatron_packing.fetch import FetchedExampleError
+    from megatron_packing.megatron.checkpoint import CheckpointError
+    from megatron_packing.validation import ConfigError
+
+    return (ConfigError, CheckpointError, TrainingError, BadRecordError, CorruptStoreError,
+            FetchedExampleError)
+
+
+REFUSALS = _refusals()
+"""The errors a rank raises for its input (config, data, checkpoint), not for a bug: the
+launcher reports them as one message with exit code 2."""
+
+
 def launch_runs(cfg: TrainingConfig, specs: list[RunSpec]) -> list[dict[str, Any]]:
     """Run several specs one after another in one process launch (saves start-up time).
 
@@ -102,7 +121,7 @@ def launch_runs(cfg: TrainingConfig, specs: list[RunSpec]) -> list[dict[str, Any
             check_output_path(spec.output_dir)
         with hold_output_dirs([s.output_dir for s in specs]):
             _prepare_launch(cfg, specs)
-            spawn_data_parallel(_worker, cfg.train.dp_size, cfg, specs)
+            spawn_data_parallel(_worker, cfg.train.dp_size, cfg, specs, refusals=REFUSALS)
     else:
         if launched[1] != cfg.train.dp_size:
             raise TrainingError(f"torchrun started {launched[1]} processes but train.dp_size is "
@@ -119,7 +138,14 @@ def _prepare_launch(cfg: TrainingConfig, specs: list[RunSpec]) -> None:
         for note in claim_output_dir(spec.output_dir, resume=spec.resume,
                                      overwrite=spec.overwrite):
             print(f"[train] {note}", flush=True)
-    dataset = _load_dataset(cfg)  # tokenized once here: the ranks only read the cached index
+    from megatron_packing.data import BadRecordError, CorruptStoreError
+
+    try:  # tokenized once here: the ranks only read the cached index
+        dataset = _load_dataset(cfg)
+    except (BadRecordError, CorruptStoreError):
+        raise
+    except (ValueError, OSError) as exc:  # an unreadable tokenizer or data file
+        raise TrainingError(f"cannot load the data ({', '.join(cfg.data.paths)}): {exc}") from None
     if len(dataset) == 0:
         skipped = dict(dataset.skipped) if hasattr(dataset, "skipped") else {}
         detail = (f"every record was skipped as bad ({sum(skipped.values())} records: "
@@ -138,10 +164,11 @@ def _prepare_launch(cfg: TrainingConfig, specs: list[RunSpec]) -> None:
     for spec in specs:
         if spec.resume:
             chosen, notes = find_resume_checkpoint(spec.output_dir, cfg.train.dp_size)
-            if chosen is not None:
-                check_setup(chosen, setup)
             for note in notes:
                 print(f"[train] {note}", flush=True)
+            if chosen is not None:
+                check_setup(chosen, setup)
+                print(f"[train] resuming from {chosen}", flush=True)
 
 
 RESUME_FIXED = {
@@ -178,7 +205,9 @@ def _torchrun_worker(rank: int, world: int, cfg: TrainingConfig, specs: list[Run
         outcome = [error]
         dist.broadcast_object_list(outcome, src=0)
         if outcome[0] is not None:
-            raise TrainingError(outcome[0] if rank == 0 else f"rank 0 failed: {outcome[0]}")
+            if rank == 0:
+                raise TrainingError(outcome[0])
+            raise PeerFailed(f"rank 0 failed: {outcome[0]}")
         stopped_by = _worker(rank, world, cfg, specs)
     if stopped_by:
         raise RunInterrupted(stopped_by, "every rank stopped at the same step")
@@ -241,10 +270,18 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
     latest = resume_checkpoint(out)[0] if spec.resume else None
     if latest is not None:
         state = load_checkpoint(latest, rank)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        loader.load_state_dict(state["dataloader"])
+        try:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+        except (KeyError, RuntimeError, ValueError) as exc:
+            raise TrainingError(f"checkpoint {latest} does not fit this run's model or "
+                                f"optimizer ({str(exc).splitlines()[0][:300]}); resume with the "
+                                "model settings it was saved with, or start a new run") from None
+        try:
+            loader.load_state_dict(state["dataloader"])
+        except ValueError as exc:
+            raise TrainingError(f"checkpoint {latest}: {exc}") from None
         start_step = int(state["step"])
     elif spec.resume and rank == 0:
         print(f"[train] no checkpoint under {out}; starting from step 0", flush=True)

@@ -117,10 +117,10 @@ def test_a_latest_pointer_to_an_older_or_missing_checkpoint_is_overruled(tmp_pat
     assert chosen.name == "step_000020" and "step_000099, which does not exist" in notes[-1]
 
 
-def test_the_message_says_which_checkpoint_was_taken(tmp_path):
+def test_the_latest_pointer_decides_when_it_names_the_newest(tmp_path):
     publish(tmp_path, 10)
-    chosen, notes = ckpt.find_resume_checkpoint(tmp_path, 1)
-    assert notes == [f"resuming from {chosen}"]
+    newest = publish(tmp_path, 20)
+    assert ckpt.find_resume_checkpoint(tmp_path, 1) == (newest, [])
 
 
 @pytest.mark.parametrize("text, problem", [
