@@ -167,6 +167,7 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, parent
         with contextlib.suppress(Exception):
             shutdown_data_parallel()
     if code:
+        sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # skip torch's own error reporting (a spawn traceback in the launcher)
 
