@@ -68,6 +68,14 @@ def _check(config: Any, name: str, check: Any, **options: Any) -> None:
     object.__setattr__(config, name, check(_key(config, name), getattr(config, name), **options))
 
 
+def _check_seed(config: Any) -> None:
+    """A seed: an integer >= 0 that fits the signed 64 bits torch and numpy seed with."""
+    _check(config, "seed", require_int, minimum=0)
+    if config.seed > MAX_SEED:
+        raise ConfigError(f"{_key(config, 'seed')} must be at most 2**63 - 1 (torch and numpy "
+                          f"seed with signed 64-bit integers), got {config.seed}")
+
+
 def _require_component(config: Any, name: str, cls: type) -> None:
     value = getattr(config, name)
     if not isinstance(value, cls):
@@ -91,7 +99,11 @@ class PackerConfig:
     fp8_recipe: str | None = None
 
     def __post_init__(self) -> None:
-        _check(self, "bin_capacity", require_int, minimum=1, maximum=MAX_BIN_CAPACITY)
+        _check(self, "bin_capacity", require_positive_int)
+        if self.bin_capacity > MAX_BIN_CAPACITY:
+            raise ConfigError(f"{_key(self, 'bin_capacity')} must be at most {MAX_BIN_CAPACITY} "
+                              f"(packed rows are addressed by int32 cu_seqlens), got "
+                              f"{self.bin_capacity}")
         _check(self, "algorithm", require_choice, choices=PACKING_ALGORITHMS)
         _check(self, "oversize_policy", require_choice, choices=OVERSIZE_POLICIES)
         _check(self, "tp_size", require_positive_int)
@@ -222,7 +234,7 @@ class LoaderConfig:
     def __post_init__(self) -> None:
         _check(self, "use_sequence_packing", require_bool)
         _check(self, "base_order", require_choice, choices=BASE_ORDERS)
-        _check(self, "seed", require_int, minimum=0, maximum=MAX_SEED)
+        _check_seed(self)
 
     def order_kind(self, eval_mode: bool) -> str:
         """The base order to build: evaluation always reads its examples in sequence."""
@@ -246,7 +258,7 @@ class PackedSamplerConfig:
         _require_component(self, "packer", PackerConfig)
         _require_component(self, "planner", PlannerConfig)
         _check(self, "dp_size", require_positive_int)
-        _check(self, "seed", require_int, minimum=0, maximum=MAX_SEED)
+        _check_seed(self)
         _check(self, "eval_mode", require_bool)
 
     @property
@@ -281,7 +293,7 @@ class PaddedSamplerConfig:
         _check(self, "global_batch_size", require_positive_int)
         _check(self, "dp_size", require_positive_int)
         _require_component(self, "padded", PaddedConfig)
-        _check(self, "seed", require_int, minimum=0, maximum=MAX_SEED)
+        _check_seed(self)
         _check(self, "eval_mode", require_bool)
 
 

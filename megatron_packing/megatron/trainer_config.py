@@ -162,7 +162,9 @@ def _check_model(m: ModelConfig, packing: PackingConfig, source: str) -> None:
         c.integer(key, 1)
     c.integer("ffn_hidden_size", 1, optional=True)
     c.integer("max_position_embeddings", packing.bin_capacity, optional=True)
-    c.integer("init_seed", 0, maximum=MAX_SEED)
+    c.integer("init_seed", 0)
+    if m.init_seed > MAX_SEED:
+        c.fail("init_seed", "at most 2**63 - 1 (torch seeds with a signed 64-bit integer)")
     c.choice("dtype", DTYPES)
     if m.hidden_size % m.num_attention_heads:
         c.fail("num_attention_heads", f"a divisor of model.hidden_size ({m.hidden_size})")
