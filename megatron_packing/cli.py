@@ -10,9 +10,16 @@ from collections.abc import Sequence
 def _train(args: argparse.Namespace) -> int:
     """Check everything that can be checked, then train (spawning ranks, or under torchrun)."""
     from megatron_packing.config import ConfigError
+    from megatron_packing.data import BadRecordError, CorruptStoreError
     from megatron_packing.megatron.checkpoint import CheckpointError
-    from megatron_packing.megatron.demo_trainer import TrainingError, format_summary, train
-    from megatron_packing.megatron.launch import RunInterrupted, is_main_process
+    from megatron_packing.megatron.demo_trainer import (
+        PeerFailed,
+        TrainingError,
+        format_summary,
+        train,
+    )
+    from megatron_packing.megatron.launch import RankFailed, RunInterrupted, is_main_process
+    from megatron_packing.megatron.run_dir import OutputDirHoldsRun
     from megatron_packing.megatron.run_lock import OutputDirInUse
     from megatron_packing.megatron.trainer_config import load_training_config
     from megatron_packing.validation import require_positive_int
@@ -22,12 +29,27 @@ def _train(args: argparse.Namespace) -> int:
         if args.steps is not None:
             cfg.train.steps = require_positive_int("--steps", args.steps)
         out = args.output_dir or cfg.train.output_dir
-        summary = train(cfg, output_dir=out, resume=args.resume, use_wandb=not args.no_wandb)
+        summary = train(cfg, output_dir=out, resume=args.resume, use_wandb=not args.no_wandb,
+                        overwrite=args.overwrite)
     except RunInterrupted as exc:
         print(f"megatron-packing train: {exc}; the latest checkpoint is under {out}/checkpoints "
               "and --resume continues from it", file=sys.stderr, flush=True)
         return 128 + exc.signum
-    except (ConfigError, CheckpointError, TrainingError, OutputDirInUse) as exc:
+    except RankFailed as exc:
+        if exc.refusal:
+            print(f"megatron-packing train: error: {exc}", file=sys.stderr, flush=True)
+            return 2
+        if exc.detail:
+            print(f"megatron-packing train: internal error on rank {exc.rank}, a bug in "
+                  f"megatron_packing (please report it with this traceback):\n{exc.detail}",
+                  file=sys.stderr, end="", flush=True)
+        else:
+            print(f"megatron-packing train: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except PeerFailed:
+        return 2  # rank 0 of the torchrun launch prints the refusal
+    except (ConfigError, CheckpointError, TrainingError, OutputDirInUse, OutputDirHoldsRun,
+            BadRecordError, CorruptStoreError) as exc:
         print(f"megatron-packing train: error: {exc}", file=sys.stderr, flush=True)
         return 2
     if is_main_process():
@@ -60,10 +82,10 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _inspect_config(args: argparse.Namespace) -> int:
-    from megatron_packing.config import PackingConfig
-    from megatron_packing.megatron.trainer_config import read_yaml, training_config_from_dict
+    from megatron_packing.config import PackingConfig, read_yaml_mapping
+    from megatron_packing.megatron.trainer_config import training_config_from_dict
 
-    document = read_yaml(args.config) or {}
+    document = read_yaml_mapping(args.config)
     if isinstance(document, dict) and "packing" in document:
         # A training YAML: check every section the way `train` will.
         training_config_from_dict(document, source=args.config)
@@ -104,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--config", required=True, help="training YAML (packing, data, model, train, logging)")
     tr.add_argument("--output-dir", help="where metrics, plot and checkpoints go")
     tr.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    tr.add_argument("--overwrite", action="store_true",
+                    help="replace a run already in the output directory (its metrics, summary "
+                         "and checkpoints); without it, or --resume, such a directory is refused")
     tr.add_argument("--no-wandb", action="store_true", help="do not log to W&B")
     tr.add_argument("--steps", type=int, help="override train.steps")
 
@@ -135,7 +160,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _tune(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "train":
-        return _train(args)
+        try:
+            return _train(args)
+        except Exception:  # not a refusal: show where, under one line that says what it is
+            import traceback
+
+            print("megatron-packing train: internal error, a bug in megatron_packing (please "
+                  f"report it with this traceback):\n{traceback.format_exc()}", file=sys.stderr,
+                  end="", flush=True)
+            return 1
     return _inspect(args)
 
 

@@ -83,6 +83,27 @@ def _origin(dataset: Any, index: int) -> str:
     return f"example {index} ({describe(index)})" if callable(describe) else f"example {index}"
 
 
+def check_loss_targets(dataset: Any, counts: np.ndarray) -> None:
+    """Refuse a dataset with an example that has no next-token target before any step is planned.
+
+    Such an example (one token, or a loss mask that is 0 after position 0) would be planned,
+    fetched and counted as trained while contributing nothing; a dataset whose every mask is 0
+    would train with a loss divisor of 0. ``counts`` is the loss-target count per example.
+    """
+    counts = np.asarray(counts)
+    empty = np.flatnonzero(counts <= 0)
+    if empty.size == 0:
+        return
+    where = ", ".join(_origin(dataset, int(i)) for i in empty[:3])
+    whole = " (none of the dataset's examples has one: the loss divisor would be 0)" \
+        if empty.size == counts.size else ""
+    raise ValueError(
+        f"{empty.size} of {counts.size} examples have no next-token target{whole}: {where}"
+        f"{' ...' if empty.size > 3 else ''}; an example needs at least 2 tokens and a loss mask "
+        "set at some position after the first. Drop these examples from the dataset (with "
+        "load_sft_dataset they are bad records no_loss_tokens: on_bad_record='skip' counts them)")
+
+
 def check_fetched(dataset: Any, indices: Sequence[int], examples: Sequence[Any],
                   truncated: Mapping[int, int]) -> None:
     """Raise :class:`FetchedExampleError` for an example that disagrees with the length index.

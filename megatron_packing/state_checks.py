@@ -1,23 +1,43 @@
-"""Checks on a saved sampler state before it is loaded: present, complete, same setup.
+"""Checks on a saved sampler state before it is loaded: present, the right mode, complete,
+every field of its type and range, same setup.
 
-Loading a wrong state must never restart a run silently at step 0 or continue it in another
-order: both checks raise a `ValueError` that names what is missing or which setting differs.
+Loading a wrong state must never restart a run silently at step 0, continue it in another
+order, or fail later on a tampered value: each check raises a `ValueError` that names what is
+missing, which field is out of range, or which setting differs.
 """
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
+MODE_MARKS = {
+    "packed": ("DPAlignedPackingBatchSampler", ("carry", "drift", "step_in_epoch"),
+               "use_sequence_packing: true"),
+    "padded": ("TokenBudgetBatchSampler", ("max_tokens", "budget_changes"),
+               "use_sequence_packing: false"),
+}
+"""Each mode's sampler, the state keys only it writes, and the setting that selects it."""
+
 
 def check_state_keys(state: Any, required: Sequence[str], owner: str) -> None:
-    """Refuse a missing, empty or partial state instead of silently restarting at step 0."""
+    """Refuse a missing, empty or partial state instead of silently restarting at step 0; a
+    state of the other mode's sampler is named as such."""
     where = (f"pass the dict that {owner}.state_dict() returned (in a loader checkpoint it is "
              "inside StatefulDataLoader.state_dict()); to start from the beginning, do not load "
              "a state at all")
     if not isinstance(state, dict):
         shown = "None" if state is None else f"a {type(state).__name__}"
         raise ValueError(f"{owner}.load_state_dict got {shown}, not a sampler state: {where}")
+    for mode, (sampler, marks, setting) in MODE_MARKS.items():
+        if sampler != owner and all(key in state for key in marks):
+            raise ValueError(
+                f"{owner}.load_state_dict got a {mode}-mode state (saved by {sampler}, "
+                f"{setting}); this loader runs the other mode: resume with {setting}, or start "
+                "a new run without loading this state")
     missing = [key for key in required if key not in state]
     if missing:
         what = "an empty dict" if not state else f"a dict without {', '.join(missing)}"
@@ -41,3 +61,53 @@ def check_fingerprint(saved: Any, current: dict[str, Any]) -> None:
             "orders or plans the examples differently (" + "; ".join(differing) + "). Resume "
             "with the saved settings, or start a new run without loading this state"
         )
+
+
+FieldRule = tuple[str, int | None]
+"""(kind, minimum): kind is int, int_or_none, bool, dict, int_list or int_pairs."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _field_problem(value: Any, kind: str, minimum: int | None) -> str | None:
+    def bounded(v: Any) -> bool:
+        return _is_int(v) and (minimum is None or v >= minimum)
+
+    floor = f" >= {minimum}" if minimum is not None else ""
+    if kind == "int" and not bounded(value):
+        return f"an integer{floor}"
+    if kind == "int_or_none" and value is not None and not bounded(value):
+        return f"an integer{floor} or None"
+    if kind == "bool" and not isinstance(value, bool):
+        return "True or False"
+    if kind == "dict" and not isinstance(value, dict):
+        return "a dict"
+    if kind == "int_list" and not (isinstance(value, (list, tuple))
+                                   and all(bounded(v) for v in value)):
+        return f"a list of integers{floor}"
+    if kind == "int_pairs" and not (isinstance(value, (list, tuple)) and all(
+            isinstance(p, (list, tuple)) and len(p) == 2 and all(bounded(v) for v in p)
+            for p in value)):
+        return f"a list of (step, budget) integer pairs{floor}"
+    return None
+
+
+def check_state_fields(state: dict[str, Any], rules: dict[str, FieldRule], owner: str) -> None:
+    """Refuse a state whose fields have the wrong type or an impossible value, naming each.
+
+    A field absent from ``state`` is not checked here (`check_state_keys` names the required
+    ones; optional ones have defaults).
+    """
+    problems = []
+    for key, (kind, minimum) in rules.items():
+        if key in state:
+            expected = _field_problem(state[key], kind, minimum)
+            if expected is not None:
+                problems.append(f"{key} is {state[key]!r:.60}, expected {expected}")
+    if problems:
+        raise ValueError(f"{owner}.load_state_dict got a damaged sampler state ("
+                         + "; ".join(problems) + "): it was not written by "
+                         f"{owner}.state_dict() or was changed since; load the state as saved, "
+                         "or start without loading it")

@@ -47,6 +47,11 @@ RANK_ASSIGNMENTS = ("karmarkar_karp", "round_robin")
 SAMPLER_SPLIT_METHOD: SplitMethod = "balanced"
 """Padded mode's splitter: the balanced split won or tied every workload of the benchmark."""
 
+MAX_SEED = 2**63 - 1
+"""Seeds are signed 64-bit integers in torch and numpy; a larger one would overflow there."""
+MAX_BIN_CAPACITY = 2**31 - 1
+"""Packed rows are addressed by int32 ``cu_seqlens`` (THD), so a row holds fewer tokens."""
+
 Config = TypeVar("Config")
 
 
@@ -61,6 +66,14 @@ def _key(config: Any, name: str) -> str:
 def _check(config: Any, name: str, check: Any, **options: Any) -> None:
     """Validate one field under its YAML key and store the normalised value (numpy -> int)."""
     object.__setattr__(config, name, check(_key(config, name), getattr(config, name), **options))
+
+
+def _check_seed(config: Any) -> None:
+    """A seed: an integer >= 0 that fits the signed 64 bits torch and numpy seed with."""
+    _check(config, "seed", require_int, minimum=0)
+    if config.seed > MAX_SEED:
+        raise ConfigError(f"{_key(config, 'seed')} must be at most 2**63 - 1 (torch and numpy "
+                          f"seed with signed 64-bit integers), got {config.seed}")
 
 
 def _require_component(config: Any, name: str, cls: type) -> None:
@@ -87,6 +100,10 @@ class PackerConfig:
 
     def __post_init__(self) -> None:
         _check(self, "bin_capacity", require_positive_int)
+        if self.bin_capacity > MAX_BIN_CAPACITY:
+            raise ConfigError(f"{_key(self, 'bin_capacity')} must be at most {MAX_BIN_CAPACITY} "
+                              f"(packed rows are addressed by int32 cu_seqlens), got "
+                              f"{self.bin_capacity}")
         _check(self, "algorithm", require_choice, choices=PACKING_ALGORITHMS)
         _check(self, "oversize_policy", require_choice, choices=OVERSIZE_POLICIES)
         _check(self, "tp_size", require_positive_int)
@@ -217,7 +234,7 @@ class LoaderConfig:
     def __post_init__(self) -> None:
         _check(self, "use_sequence_packing", require_bool)
         _check(self, "base_order", require_choice, choices=BASE_ORDERS)
-        _check(self, "seed", require_int, minimum=0)
+        _check_seed(self)
 
     def order_kind(self, eval_mode: bool) -> str:
         """The base order to build: evaluation always reads its examples in sequence."""
@@ -241,7 +258,7 @@ class PackedSamplerConfig:
         _require_component(self, "packer", PackerConfig)
         _require_component(self, "planner", PlannerConfig)
         _check(self, "dp_size", require_positive_int)
-        _check(self, "seed", require_int, minimum=0)
+        _check_seed(self)
         _check(self, "eval_mode", require_bool)
 
     @property
@@ -276,7 +293,7 @@ class PaddedSamplerConfig:
         _check(self, "global_batch_size", require_positive_int)
         _check(self, "dp_size", require_positive_int)
         _require_component(self, "padded", PaddedConfig)
-        _check(self, "seed", require_int, minimum=0)
+        _check_seed(self)
         _check(self, "eval_mode", require_bool)
 
 
@@ -295,6 +312,14 @@ class WorkerConfig:
         _check(self, "persistent_workers", require_bool)
         _check(self, "prefetch_factor", require_positive_int, allow_none=True)
         _check(self, "pin_memory", require_bool)
+        if self.num_workers == 0:  # these only shape worker processes: without any, no effect
+            for name, unset in (("prefetch_factor", None), ("persistent_workers", False),
+                                ("multiprocessing_context", None)):
+                if getattr(self, name) != unset:
+                    raise ConfigError(
+                        f"{name}={getattr(self, name)!r} only applies to loader worker "
+                        f"processes, but num_workers is 0 (the main process loads); set "
+                        f"num_workers >= 1, or remove {name}")
 
     def loader_options(self) -> dict[str, Any]:
         """Keywords for the DataLoader; the worker-only ones only when there are workers."""

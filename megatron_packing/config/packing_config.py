@@ -26,6 +26,7 @@ from megatron_packing.config.components import (
     PaddedSamplerConfig,
     PlannerConfig,
 )
+from megatron_packing.config.mode_keys import check_mode_keys
 from megatron_packing.config.yaml_io import check_mapping, read_yaml_mapping, unknown_key_message
 from megatron_packing.packing.alignment import Alignment
 from megatron_packing.validation import ConfigError, check_batch_window, require_positive_int
@@ -125,12 +126,17 @@ class PackingConfig:
     # ---------------------------------------------------------------- construction
     @classmethod
     def from_dict(cls, values: dict[str, Any], *, source: str = "config") -> PackingConfig:
-        """Build from a mapping of YAML keys; errors name the source and the key."""
+        """Build from a mapping of YAML keys; errors name the source and the key.
+
+        A key the chosen mode does not read is refused or warned about (`check_mode_keys`).
+        """
         check_mapping(values, YAML_KEYS, source=source, what="packing key")
         try:
-            return cls(**values)
+            config = cls(**values)
         except ConfigError as err:
             raise ConfigError(_in_source(source, err)) from None
+        check_mode_keys(values, _DEFAULT_KEYS, config.use_sequence_packing, source=source)
+        return config
 
     def with_keys(self, **keys: Any) -> PackingConfig:
         """A copy with some YAML keys changed (validated as a whole)."""
@@ -152,6 +158,9 @@ def _key_reader(component: str, name: str) -> property:
 
 for _yaml_key, (_component, _name) in YAML_KEYS.items():
     setattr(PackingConfig, _yaml_key, _key_reader(_component, _name))
+
+
+_DEFAULT_KEYS = PackingConfig().to_dict()
 
 
 def _in_source(source: str, err: Exception) -> str:

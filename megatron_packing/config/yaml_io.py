@@ -1,4 +1,11 @@
-"""Reading YAML config files: a mapping at the top level, errors that name the file and the key."""
+"""Reading YAML config files strictly: a mapping at the top level, no key given twice, and
+errors that name the file (with the line) and the key.
+
+Every config file of the project goes through `read_yaml_mapping`: the demo trainer, ``inspect``,
+``simulate --config``, ``tune`` and the Megatron-LM entry point. PyYAML keeps the last of two
+equal keys without a word (``global_batch_size: 16`` then ``64``, or a second ``train:``
+section replacing the first); `StrictLoader` refuses them with both lines.
+"""
 
 from __future__ import annotations
 
@@ -13,23 +20,80 @@ import yaml
 from megatron_packing.validation import ConfigError
 
 
+class DuplicateKeyError(yaml.MarkedYAMLError):
+    """A mapping that names one key twice (YAML says keys are unique; PyYAML keeps the last)."""
+
+    def __init__(self, key: Any, first: yaml.Mark, second: yaml.Mark, section: bool) -> None:
+        self.key, self.first, self.second, self.section = key, first, second, section
+        super().__init__(problem=f"duplicate key {key!r}", problem_mark=second)
+
+
+class StrictLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses a mapping with a repeated key (merge keys ``<<`` allowed)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: SafeLoader refuses it below with its mark
+                continue
+            if first is not None:
+                raise DuplicateKeyError(key, first, key_node.start_mark,
+                                        isinstance(value_node, yaml.MappingNode))
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml_text(text: str, source: str) -> Any:
+    """Parse YAML text with `StrictLoader`; every YAML error becomes a `ConfigError` on ``source``."""
+    try:
+        return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - StrictLoader is a SafeLoader
+    except DuplicateKeyError as err:
+        what = "section" if err.section else "key"
+        raise ConfigError(
+            f"{source}:{err.second.line + 1}: duplicate {what} {err.key!r} (first at line "
+            f"{err.first.line + 1}): YAML keeps only the last one, so the first would be ignored; "
+            f"keep one {what} {err.key!r}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(_describe_yaml_error(source, err)) from None
+
+
+def read_config_text(path: str | Path) -> str:
+    """The text of a config file; a missing file, a directory, an unreadable file or a byte
+    that is not UTF-8 is one `ConfigError` naming the file."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a config file; give the YAML file's "
+                          "path") from None
+    except PermissionError:
+        raise ConfigError(f"{path}: cannot read the config file (permission denied)") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the config file: {err.strerror or err}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise ConfigError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}); "
+            "save the config file as UTF-8") from None
+
+
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     """Parse a YAML config file whose top level must be a mapping (an empty file is ``{}``).
 
-    Errors name the file: a missing file, a syntax error (with its line and column), or a top
-    level that is a list or a scalar rather than a mapping of keys.
+    Errors name the file: a missing or unreadable file, a byte that is not UTF-8, a syntax
+    error or a duplicate key (with its line), or a top level that is a list or a scalar.
     """
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except (IsADirectoryError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: cannot read the config file: {err}") from None
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(_describe_yaml_error(path, err)) from None
+    document = load_yaml_text(read_config_text(path), str(path))
     if document is None:
         return {}
     if not isinstance(document, dict):
@@ -43,13 +107,13 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     return document
 
 
-def _describe_yaml_error(path: Path, err: yaml.YAMLError) -> str:
+def _describe_yaml_error(source: str, err: yaml.YAMLError) -> str:
     mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
     problem = getattr(err, "problem", None) or str(err)
     context = getattr(err, "context", None)
     detail = f"{context}, {problem}" if context else problem
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    return f"{path}: not valid YAML{where}: {detail}"
+    where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
+    return f"{where}: YAML syntax error: {detail}"
 
 
 def _yaml_kind(value: Any) -> str:
@@ -87,4 +151,13 @@ def dataclass_from_mapping(cls: type, values: Any, *, source: str, what: str = "
     return cls(**values)
 
 
-__all__ = ["check_mapping", "dataclass_from_mapping", "read_yaml_mapping", "unknown_key_message"]
+__all__ = [
+    "DuplicateKeyError",
+    "StrictLoader",
+    "check_mapping",
+    "dataclass_from_mapping",
+    "load_yaml_text",
+    "read_config_text",
+    "read_yaml_mapping",
+    "unknown_key_message",
+]

@@ -28,8 +28,10 @@ class SFTDataset:
         local_ids: np.ndarray | None = None,
         options: dict[str, Any],
         fingerprint: str,
+        extra_skipped: dict[str, int] | None = None,
     ) -> None:
         self.stores = list(stores)
+        self._extra_skipped = Counter(extra_skipped or {})  # rows left out when loading
         self.options = dict(options)
         self.fingerprint: str = fingerprint
         if part_ids is None:
@@ -75,7 +77,7 @@ class SFTDataset:
     @property
     def skipped(self) -> Counter[str]:
         """Bad records skipped while building, counted by reason (empty when none)."""
-        total: Counter[str] = Counter()
+        total: Counter[str] = Counter(self._extra_skipped)
         for store in self.stores:
             total.update(store.meta.get("skipped", {}))
         return total

@@ -33,8 +33,10 @@ REASONS: dict[str, str] = {
     "special_token_in_content": "message content contains a control token's text "
     "(with special_tokens_in_content='error')",
     "too_long": "the example is longer than max_length and truncation is off",
-    "no_loss_tokens": "the example has no trainable (loss) token after truncation",
+    "no_loss_tokens": "the example has no next-token target (one token, weight-0 or masked turns "
+    "only, or nothing left after truncation)",
     "template_error": "the chat template refused the conversation",
+    "weight_unsupported": "an assistant message has weight 0 but loss_on='all' trains every token",
 }
 """Reason key -> one-line meaning. Keys are stable: ``ds.skipped`` counts by them."""
 

@@ -31,7 +31,7 @@ from .tokenize import ChatEncoder
 
 log = logging.getLogger(__name__)
 
-INDEX_VERSION = 2
+INDEX_VERSION = 3  # 3: per-message weight and tool-call arguments checked
 MAX_SKIP_EXAMPLES = 20
 BATCH = 256  # conversations per tokenizer call
 CHUNK = 2048  # records per worker task

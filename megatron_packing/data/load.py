@@ -14,7 +14,7 @@ from .blend import blend_indices, validate_weights
 from .dataset import SFTDataset
 from .errors import ON_BAD_RECORD_CHOICES, check_choice
 from .length_index import build_or_load, default_cache_dir, hash_file, hash_rows
-from .pretokenized import check_pretokenized
+from .pretokenized import check_pretokenized, drop_rows, pretokenized_without_targets
 from .records import count_jsonl_lines, iter_jsonl, read_json_list
 from .store import TokenStore, is_store
 from .tokenize import ChatEncoder, load_tokenizer, tokenizer_fingerprint
@@ -118,11 +118,15 @@ def load_sft_dataset(
     else:
         ChatEncoder.check_options(loss_on, max_length, special_tokens_in_content)
 
-    stores = []
+    stores: list[TokenStore] = []
+    untrainable_rows: dict[int, Any] = {}  # pre-tokenized rows without a target (skipped)
     for src in srcs:
         if isinstance(src, (str, os.PathLike)) and is_store(src):
             store = TokenStore(src)
             check_pretokenized(store, options)
+            untrainable = pretokenized_without_targets(store, on_bad_record)
+            if untrainable is not None:
+                untrainable_rows[len(stores)] = untrainable
         else:
             if encoder is None or fp is None:
                 raise ValueError(f"source {src!r} needs a tokenizer; tokenizer=None only works for pre-tokenized data")
@@ -137,8 +141,14 @@ def load_sft_dataset(
     if blend_weights is not None:
         part, local = blend_indices([len(s) for s in stores], blend_weights, seed)
         keys.update(weights=blend_weights, seed=seed)
+    extra_skipped: dict[str, int] = {}
+    if untrainable_rows:
+        part, local = drop_rows([len(s) for s in stores], part, local, untrainable_rows)
+        extra_skipped = {"no_loss_tokens": sum(len(r) for r in untrainable_rows.values())}
+        keys.update(dropped={k: v.tolist() for k, v in untrainable_rows.items()})
     fingerprint = hashlib.blake2b(json.dumps(keys, sort_keys=True).encode(), digest_size=16).hexdigest()
-    ds = SFTDataset(stores, part_ids=part, local_ids=local, options=options, fingerprint=fingerprint)
+    ds = SFTDataset(stores, part_ids=part, local_ids=local, options=options, fingerprint=fingerprint,
+                    extra_skipped=extra_skipped)
     _warn_skipped(stores)
     return ds
 

@@ -70,3 +70,36 @@ def check_pretokenized(store: TokenStore, options: dict[str, Any]) -> None:
                 f"pre-tokenized data {store.path} was built with {opt}={have!r} but {opt}={want!r} "
                 f"was requested; pass {opt}={have!r} or re-tokenize from the source records"
             )
+
+
+def pretokenized_without_targets(store: TokenStore, on_bad_record: str) -> np.ndarray | None:
+    """Rows of a pre-tokenized store with no next-token target (``loss_mask[1:]`` all 0).
+
+    A store written by `save_pretokenized` has none (the build refused them); one written by
+    other tools may. ``on_bad_record='error'`` raises `BadRecordError` (``no_loss_tokens``) at
+    the first; ``'skip'`` returns the rows to leave out (None when there are none).
+    """
+    from .errors import BadRecordError
+
+    rows = np.flatnonzero(np.asarray(store.loss_token_counts) <= 0)
+    if rows.size == 0:
+        return None
+    if on_bad_record == "error":
+        first = int(rows[0])
+        raise BadRecordError(
+            str(store.path), int(store.record_lines[first]), "no_loss_tokens",
+            f"pre-tokenized example {first} has {int(store.lengths[first])} token(s) and no "
+            f"loss target after the first position ({rows.size} such examples in the store)")
+    return rows
+
+
+def drop_rows(sizes: list[int], part: np.ndarray | None, local: np.ndarray | None,
+              dropped: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The (store, row) selection without the ``dropped`` rows of each store."""
+    if part is None or local is None:
+        part = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
+        local = np.concatenate([np.arange(n, dtype=np.int64) for n in sizes])
+    keep = np.ones(len(part), dtype=bool)
+    for k, rows in dropped.items():
+        keep &= ~((part == k) & np.isin(local, rows))
+    return part[keep], local[keep]

@@ -13,6 +13,9 @@ present:
 * ``{"prompt", "response"}`` -> user = prompt, assistant = response (same ``"system"`` rule).
 
 Only ``role``, ``content`` and those tool-call keys of a message reach the chat template. An
+assistant message may carry OpenAI's fine-tuning ``weight``: 0 renders the turn but puts no loss
+on it, 1 trains it, anything else is a bad record. A tool call's ``arguments`` must be an object
+or a string holding a JSON object (a broken one would train the model to emit it). An
 assistant turn with neither content nor tool calls is a bad record (``empty_assistant_turn``):
 training on it would teach the model to answer with nothing. Blank JSONL lines are not records
 and are ignored.
@@ -44,6 +47,8 @@ class Conversation(Sequence[dict[str, Any]]):
 
     messages: tuple[dict[str, Any], ...]
     tools: list[dict[str, Any]] | None = None
+    untrained: frozenset[int] = frozenset()
+    """Indices of the assistant messages with ``"weight": 0``: rendered, never a loss target."""
 
     @overload
     def __getitem__(self, index: int) -> dict[str, Any]: ...
@@ -84,6 +89,38 @@ def _with_system(record: dict[str, Any], user: str, assistant: str) -> Conversat
     return Conversation(tuple(messages))
 
 
+def _check_arguments(where: str, name: str, arguments: Any) -> None:
+    """A tool call's ``arguments``: an object, or a string that holds one JSON object."""
+    if isinstance(arguments, dict):
+        return
+    if not isinstance(arguments, str):
+        raise RecordProblem("invalid_field", f"{where} function {name!r}: arguments must be a "
+                            "JSON string or an object")
+    try:
+        parsed = json.loads(arguments)
+    except json.JSONDecodeError as exc:
+        raise RecordProblem("invalid_field", f"{where} function {name!r}: arguments is not "
+                            f"valid JSON ({exc.msg} at character {exc.pos}): {arguments[:60]!r}; "
+                            "the model would be trained to emit a broken call") from None
+    if not isinstance(parsed, dict):
+        raise RecordProblem("invalid_field", f"{where} function {name!r}: arguments must hold a "
+                            f"JSON object, got {type(parsed).__name__}")
+
+
+def _check_weight(k: int, role: str, msg: dict[str, Any]) -> bool:
+    """True when the message is trained: OpenAI's per-message ``weight`` (assistant only, 0 or 1)."""
+    if "weight" not in msg:
+        return True
+    weight = msg["weight"]
+    if role != "assistant":
+        raise RecordProblem("invalid_field", f"message {k} ({role}) has a weight; only assistant "
+                            "messages take one (0: no loss on the turn, 1: trained)")
+    if isinstance(weight, bool) or weight not in (0, 1):
+        raise RecordProblem("invalid_field", f"message {k} (assistant) weight is {weight!r}; "
+                            "expected 0 (no loss on this turn) or 1 (trained)")
+    return weight == 1
+
+
 def _check_tool_calls(k: int, calls: Any) -> list[dict[str, Any]]:
     """Validate an assistant message's OpenAI-style ``tool_calls`` list."""
     where = f"message {k} (assistant) tool_calls"
@@ -95,9 +132,7 @@ def _check_tool_calls(k: int, calls: Any) -> list[dict[str, Any]]:
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise RecordProblem("invalid_field", f"{where}[{j}] has no function name; expected "
                                 '{"type": "function", "function": {"name": "...", "arguments": ...}}')
-        if not isinstance(fn.get("arguments"), (str, dict)):
-            raise RecordProblem("invalid_field", f"{where}[{j}] function {fn['name']!r}: arguments "
-                                "must be a JSON string or an object")
+        _check_arguments(f"{where}[{j}]", fn["name"], fn.get("arguments"))
         if call.get("type", "function") != "function":
             raise RecordProblem("invalid_field", f"{where}[{j}] has type {call['type']!r}; only "
                                 "'function' tool calls are supported")
@@ -155,8 +190,9 @@ def _check_messages(raw: Any, tools: Any = None) -> Conversation:
         raise RecordProblem("invalid_field", f"'messages' is {type(raw).__name__}, expected a list")
     if not raw:
         raise RecordProblem("empty_conversation", "'messages' is an empty list")
-    messages = Conversation(tuple(_check_message(k, msg) for k, msg in enumerate(raw)),
-                            _check_tools(tools))
+    checked = tuple(_check_message(k, msg) for k, msg in enumerate(raw))
+    untrained = frozenset(k for k, msg in enumerate(raw) if not _check_weight(k, msg["role"], msg))
+    messages = Conversation(checked, _check_tools(tools), untrained)
     if not any(m["role"] == "assistant" for m in messages):
         raise RecordProblem("no_assistant_turn", "no message has role 'assistant'")
     return messages

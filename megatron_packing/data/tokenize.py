@@ -51,7 +51,15 @@ def load_tokenizer(tokenizer: Any) -> Any:
     path = os.fspath(tokenizer)
     if not os.path.isdir(path):
         raise ValueError(f"tokenizer {path!r} is neither a tokenizer object nor a local directory")
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as exc:  # transformers raises many kinds for a broken directory
+        files = ", ".join(sorted(os.listdir(path))[:8]) or "no files"
+        raise ValueError(
+            f"tokenizer directory {path!r} cannot be loaded ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:200] if str(exc) else 'no detail'}); it holds {files}: "
+            "check that its files (tokenizer.json, tokenizer_config.json) are complete and "
+            "readable") from None
 
 
 def get_template(tokenizer: Any) -> str:
@@ -196,6 +204,13 @@ class ChatEncoder:
 
     # -- internals ----------------------------------------------------------------------
     def _unsupported(self, messages: Messages) -> RecordProblem | None:
+        if self.loss_on == "all" and _untrained(messages):
+            k = min(_untrained(messages))
+            return RecordProblem(
+                "weight_unsupported",
+                f"message {k} (assistant) has weight 0, but loss_on='all' trains every token; "
+                "use loss_on='assistant' to honour the weights, or drop them",
+            )
         if self.special_tokens_in_content == "error" and self.has_special_text(messages):
             k, found = next((k, match.group(0)) for k, m in enumerate(messages)
                             if isinstance(m.get("content"), str)
@@ -296,14 +311,19 @@ class ChatEncoder:
         result = []
         for messages, ids, mask_arr in zip(batch, all_ids, all_masks, strict=True):
             ids_arr = np.asarray(ids, dtype=np.int32)
-            if self.loss_on == "last_assistant_turn":
+            skip = _untrained_turns(messages)
+            if self.loss_on == "last_assistant_turn" or skip:
                 n_turns = sum(m["role"] == "assistant" for m in messages)
                 starts, ends = _runs(mask_arr)
                 if len(starts) != n_turns:  # turns touch: locate them by prefixes instead
                     ids_arr, mask_arr = self._encode_prefix([messages])[0]
                 else:
+                    keep = [n_turns - 1] if self.loss_on == "last_assistant_turn" else \
+                        range(n_turns)
                     mask_arr = np.zeros_like(mask_arr)
-                    mask_arr[starts[-1] : ends[-1]] = 1
+                    for turn in keep:
+                        if turn not in skip:
+                            mask_arr[starts[turn] : ends[turn]] = 1
             result.append((ids_arr, mask_arr))
         return result
 
@@ -327,10 +347,11 @@ class ChatEncoder:
                     "conversation, so assistant tokens cannot be located; add {% generation %} "
                     "tags to the template",
                 )
-            spans.append((len(prompt), len(turn)))
+            spans.append((i, (len(prompt), len(turn))))
         if self.loss_on == "last_assistant_turn":
             spans = spans[-1:]
-        return spans
+        untrained = _untrained(messages)  # "weight": 0 turns are rendered, not trained
+        return [span for i, span in spans if i not in untrained]
 
     def _render_empty_prompt(self, messages: Messages) -> str:
         try:
@@ -367,6 +388,8 @@ class ChatEncoder:
                 **self.tokenizer.special_tokens_map,
             )
             rendered, spans = texts[0], [tuple(s) for s in indices[0]]
+            if _untrained(marked):  # which span is which turn: by prefixes, as below
+                spans = self._assistant_spans(marked, rendered)
         else:  # prefix spans; the markers are plain characters to the template
             rendered = self._render(marked, False)
             spans = self._assistant_spans(marked, rendered)
@@ -405,7 +428,7 @@ class ChatEncoder:
                                         "characters U+E000/U+E001, reserved for marking control-token text")
                 m = {**m, "content": self._special_re.sub(wrap, content)}
             out.append(m)
-        return Conversation(tuple(out), getattr(messages, "tools", None))
+        return Conversation(tuple(out), getattr(messages, "tools", None), _untrained(messages))
 
     def _plain_text_ids(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids of ``text`` with special tokens not recognised (after a newline, so a
@@ -421,7 +444,22 @@ class ChatEncoder:
 
 
 def _prefix(messages: Messages, n: int) -> Messages:
-    return Conversation(tuple(messages[:n]), getattr(messages, "tools", None))
+    return Conversation(tuple(messages[:n]), getattr(messages, "tools", None),
+                        frozenset(k for k in _untrained(messages) if k < n))
+
+
+def _untrained(messages: Messages) -> frozenset[int]:
+    """Message indices of the ``"weight": 0`` assistant turns (none for plain message lists)."""
+    return getattr(messages, "untrained", frozenset())
+
+
+def _untrained_turns(messages: Messages) -> set[int]:
+    """The same turns, numbered among the assistant messages (0 = the first assistant turn)."""
+    untrained = _untrained(messages)
+    if not untrained:
+        return set()
+    ordinals = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
+    return {n for n, k in enumerate(ordinals) if k in untrained}
 
 
 @functools.cache

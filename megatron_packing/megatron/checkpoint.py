@@ -94,8 +94,11 @@ def _describe_write_error(exc: OSError, path: Path) -> str:
 
 
 def save_checkpoint(output_dir: str | Path, step: int, rank: int, state: dict[str, Any], *,
-                    keep: int = 3) -> Path:
+                    keep: int = 3, setup: dict[str, Any] | None = None) -> Path:
     """Write this rank's state for ``step``; once every rank wrote, publish it as latest.
+
+    ``setup`` (JSON values) goes into the manifest: what a resume must not change
+    (`check_setup` compares it before any rank starts).
 
     Collective when a process group is initialised: every rank must call it for the same step.
     Raises `CheckpointError` on every rank if any rank's write failed.
@@ -132,6 +135,8 @@ def save_checkpoint(output_dir: str | Path, step: int, rank: int, state: dict[st
         manifest = {"step": step, "world_size": len(outcomes),
                     "files": {o["file"]: {"bytes": o["bytes"], "sha256": o["sha256"]}
                               for o in outcomes}}
+        if setup is not None:
+            manifest["setup"] = setup
         _write_atomic(partial / MANIFEST, json.dumps(manifest, indent=1).encode())
         _fsync_dir(partial)
         if final.exists():  # a re-run of the same step (e.g. after a resume) replaces it
@@ -173,20 +178,75 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return checkpoint_root(output_dir) / marker.read_text().strip()
 
 
+def resume_checkpoint(output_dir: str | Path) -> tuple[Path | None, str | None]:
+    """The checkpoint a resume takes, and a note when ``latest`` did not decide it.
+
+    The newest complete checkpoint (by step) wins: ``latest`` may be missing, or name an older
+    one (a run stopped between publishing a checkpoint and moving the pointer). Cheap (no file
+    is read but the pointer); `find_resume_checkpoint` verifies the choice.
+    """
+    complete = complete_checkpoints(output_dir)
+    newest = complete[-1] if complete else None
+    pointed = latest_checkpoint(output_dir)
+    if (pointed is not None and pointed.is_dir() and pointed not in complete
+            and (newest is None or newest.name < pointed.name)):
+        return pointed, None  # the newest save is incomplete: verify_checkpoint says how
+    if newest is None:
+        return None, None
+    if pointed == newest:
+        return newest, None
+    if pointed is None:
+        why = f"{checkpoint_root(output_dir) / LATEST} is missing"
+    elif not pointed.is_dir():
+        why = f"{checkpoint_root(output_dir) / LATEST} names {pointed.name}, which does not exist"
+    else:
+        why = f"{checkpoint_root(output_dir) / LATEST} names the older {pointed.name}"
+    return newest, f"{why}; resuming from the newest complete checkpoint {newest}"
+
+
 def find_resume_checkpoint(output_dir: str | Path, world_size: int) -> tuple[Path | None, list[str]]:
     """The checkpoint to resume from, fully verified, plus notes to print.
 
-    Raises `CheckpointError` naming the file when the published checkpoint is incomplete or
+    Raises `CheckpointError` naming the file when the chosen checkpoint is incomplete or
     damaged, or was saved with a different number of ranks.
     """
     root = checkpoint_root(output_dir)
     notes = [f"ignoring {p} (a save that never completed)"
              for p in sorted(root.glob(f"step_*{PARTIAL_SUFFIX}"))] if root.is_dir() else []
-    latest = latest_checkpoint(output_dir)
-    if latest is None:
+    chosen, note = resume_checkpoint(output_dir)
+    if chosen is None:
         return None, notes
-    verify_checkpoint(latest, world_size)
-    return latest, notes
+    verify_checkpoint(chosen, world_size)
+    if note:
+        notes.append(note)
+    return chosen, notes
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """A checkpoint's manifest, checked field by field; `CheckpointError` names what is wrong."""
+    path = directory / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"checkpoint {directory} is damaged: {MANIFEST} cannot be read "
+                              f"({exc})") from None
+    problems = []
+    if not isinstance(manifest, dict):
+        problems.append(f"it holds a {type(manifest).__name__}, not an object")
+    else:
+        for key, kind in (("step", int), ("world_size", int), ("files", dict)):
+            if not isinstance(manifest.get(key), kind) or isinstance(manifest.get(key), bool):
+                problems.append(f"{key} is {manifest.get(key)!r}, expected {kind.__name__}")
+        for name, entry in (manifest.get("files") or {}).items() \
+                if isinstance(manifest.get("files"), dict) else ():
+            if not (isinstance(entry, dict) and isinstance(entry.get("bytes"), int)
+                    and isinstance(entry.get("sha256"), str)):
+                problems.append(f"files[{name!r}] is {entry!r}, expected bytes and sha256")
+    if problems:
+        raise CheckpointError(f"checkpoint {directory} is damaged: its {MANIFEST} "
+                              f"{'; '.join(problems)}; delete the checkpoint or start without "
+                              "--resume")
+    return manifest
 
 
 def verify_checkpoint(directory: Path, world_size: int) -> None:
@@ -198,7 +258,7 @@ def verify_checkpoint(directory: Path, world_size: int) -> None:
     if not manifest_path.exists():
         raise CheckpointError(f"checkpoint {directory} is half-written: {MANIFEST} is missing"
                               + hint)
-    manifest = json.loads(manifest_path.read_text())
+    manifest = read_manifest(directory)
     if manifest["world_size"] != world_size:
         raise CheckpointError(f"checkpoint {directory} was saved by {manifest['world_size']} "
                               f"ranks, this run has {world_size}: resume with "
@@ -214,6 +274,27 @@ def verify_checkpoint(directory: Path, world_size: int) -> None:
                 f"checkpoint {directory} is damaged: {name} has {len(data)} bytes "
                 f"(sha256 {_sha256(data)[:12]}), its manifest says {expected['bytes']} bytes "
                 f"(sha256 {expected['sha256'][:12]})" + hint)
+
+
+def check_setup(directory: Path, current: dict[str, Any]) -> None:
+    """Refuse to resume under settings that change the math, naming each with both values.
+
+    ``current`` maps a dotted config key (``train.lr``) to its value now; the checkpoint's
+    manifest holds the values it was saved with.
+    """
+    saved = read_manifest(directory).get("setup")
+    if not isinstance(saved, dict):
+        saved = {}
+    differing = [
+        f"{key}: saved {saved[key]!r}, now {value!r}" if key in saved
+        else f"{key}: not recorded in the checkpoint (saved by an older version), now {value!r}"
+        for key, value in current.items() if key not in saved or saved[key] != value
+    ]
+    if differing:
+        raise CheckpointError(
+            f"cannot resume from {directory}: it was saved under other settings that change "
+            f"the training math ({'; '.join(differing)}); resume with the saved values, or "
+            "start a new run with --overwrite (or another --output-dir)")
 
 
 def load_checkpoint(directory: Path, rank: int) -> dict[str, Any]:

@@ -15,6 +15,7 @@ stop every rank at the same step with a final checkpoint (see `megatron.launch`)
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import sys
 import time
@@ -23,13 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from megatron_packing.megatron.checkpoint import (
+    check_setup,
     find_resume_checkpoint,
     latest_checkpoint,
     load_checkpoint,
+    resume_checkpoint,
     save_checkpoint,
 )
 from megatron_packing.megatron.launch import (
@@ -40,6 +44,7 @@ from megatron_packing.megatron.launch import (
     spawn_data_parallel,
     torchrun_rank,
 )
+from megatron_packing.megatron.run_dir import check_output_path, claim_output_dir
 from megatron_packing.megatron.run_lock import hold_output_dirs
 from megatron_packing.megatron.trainer_config import TrainingConfig
 from megatron_packing.metrics import (
@@ -66,20 +71,43 @@ class RunSpec:
     num_workers: int | None = None  # overrides train.num_workers
     use_wandb: bool = True
     quiet: bool = False
+    overwrite: bool = False  # replace a run already in output_dir (else refused unless resume)
 
 
 def train(cfg: TrainingConfig, *, output_dir: str | None = None, resume: bool = False,
           use_wandb: bool = True, stop_after: int | None = None,
-          num_workers: int | None = None) -> dict[str, Any]:
-    """Train with ``cfg`` in fresh processes; return the run summary (also in summary.json)."""
+          num_workers: int | None = None, overwrite: bool = False) -> dict[str, Any]:
+    """Train with ``cfg`` in fresh processes; return the run summary (also in summary.json).
+
+    A directory that already holds a run needs ``resume`` (continue it) or ``overwrite``.
+    """
     spec = RunSpec(output_dir=output_dir or cfg.train.output_dir, resume=resume,
                    stop_after=stop_after, num_workers=num_workers,
-                   use_wandb=use_wandb and cfg.logging.wandb)
+                   use_wandb=use_wandb and cfg.logging.wandb, overwrite=overwrite)
     return launch_runs(cfg, [spec])[0]
 
 
 class TrainingError(RuntimeError):
     """A run that cannot start or go on (empty dataset, unusable checkpoint, ...)."""
+
+
+class PeerFailed(TrainingError):
+    """Under torchrun: rank 0's refusal, raised on the other ranks (rank 0 alone prints it)."""
+
+
+def _refusals() -> tuple[type[BaseException], ...]:
+    from megatron_packing.data import BadRecordError, CorruptStoreError
+    from megatron_packing.fetch import FetchedExampleError
+    from megatron_packing.megatron.checkpoint import CheckpointError
+    from megatron_packing.validation import ConfigError
+
+    return (ConfigError, CheckpointError, TrainingError, BadRecordError, CorruptStoreError,
+            FetchedExampleError)
+
+
+REFUSALS = _refusals()
+"""The errors a rank raises for its input (config, data, checkpoint), not for a bug: the
+launcher reports them as one message with exit code 2."""
 
 
 def launch_runs(cfg: TrainingConfig, specs: list[RunSpec]) -> list[dict[str, Any]]:
@@ -89,9 +117,11 @@ def launch_runs(cfg: TrainingConfig, specs: list[RunSpec]) -> list[dict[str, Any
     """
     launched = torchrun_rank()
     if launched is None:
+        for spec in specs:
+            check_output_path(spec.output_dir)
         with hold_output_dirs([s.output_dir for s in specs]):
             _prepare_launch(cfg, specs)
-            spawn_data_parallel(_worker, cfg.train.dp_size, cfg, specs)
+            spawn_data_parallel(_worker, cfg.train.dp_size, cfg, specs, refusals=REFUSALS)
     else:
         if launched[1] != cfg.train.dp_size:
             raise TrainingError(f"torchrun started {launched[1]} processes but train.dp_size is "
@@ -102,18 +132,64 @@ def launch_runs(cfg: TrainingConfig, specs: list[RunSpec]) -> list[dict[str, Any
 
 
 def _prepare_launch(cfg: TrainingConfig, specs: list[RunSpec]) -> None:
-    """Everything that can fail before the ranks start: data, and checkpoints to resume."""
-    dataset = _load_dataset(cfg)  # tokenized once here: the ranks only read the cached index
+    """Everything that can fail before the ranks start: the output directory (a run in it
+    needs resume or overwrite), data, and checkpoints to resume."""
+    for spec in specs:
+        for note in claim_output_dir(spec.output_dir, resume=spec.resume,
+                                     overwrite=spec.overwrite):
+            print(f"[train] {note}", flush=True)
+    from megatron_packing.data import BadRecordError, CorruptStoreError
+
+    try:  # tokenized once here: the ranks only read the cached index
+        dataset = _load_dataset(cfg)
+    except (BadRecordError, CorruptStoreError):
+        raise
+    except (ValueError, OSError) as exc:  # an unreadable tokenizer or data file
+        raise TrainingError(f"cannot load the data ({', '.join(cfg.data.paths)}): {exc}") from None
     if len(dataset) == 0:
         skipped = dict(dataset.skipped) if hasattr(dataset, "skipped") else {}
         detail = (f"every record was skipped as bad ({sum(skipped.values())} records: "
                   f"{skipped})" if skipped else "the files hold no records")
         raise TrainingError(f"no examples to train on in {', '.join(cfg.data.paths)}: {detail}")
+    from megatron_packing.fetch import check_loss_targets
+
+    try:
+        check_loss_targets(dataset, dataset.loss_token_counts)
+    except ValueError as exc:
+        raise TrainingError(str(exc)) from None
+    if cfg.data.valid_paths:
+        print("[train] warning: data.valid_paths is not read by the demo trainer (it has no "
+              "validation pass); the Megatron-LM entry point evaluates on it", flush=True)
+    setup = resume_setup(cfg, dataset)
     for spec in specs:
         if spec.resume:
-            _, notes = find_resume_checkpoint(spec.output_dir, cfg.train.dp_size)
+            chosen, notes = find_resume_checkpoint(spec.output_dir, cfg.train.dp_size)
             for note in notes:
                 print(f"[train] {note}", flush=True)
+            if chosen is not None:
+                check_setup(chosen, setup)
+                print(f"[train] resuming from {chosen}", flush=True)
+
+
+RESUME_FIXED = {
+    "train": ("lr", "min_lr", "warmup_steps", "weight_decay"),
+    "model": ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+              "max_position_embeddings", "dtype", "init_seed"),
+    "data": ("loss_on", "on_bad_record"),
+}
+"""Settings a checkpoint fixes: the optimizer and LR schedule restore lr, weight decay and the
+schedule's shape, the model its shapes and weights, the data options its loss masks. A changed
+one would be silently replaced (or fail inside torch), so a resume refuses it by name."""
+
+
+def resume_setup(cfg: TrainingConfig, dataset: Any) -> dict[str, Any]:
+    """What a checkpoint records and a resume must find unchanged (JSON values)."""
+    setup: dict[str, Any] = {f"{section}.{key}": getattr(getattr(cfg, section), key)
+                             for section, keys in RESUME_FIXED.items() for key in keys}
+    counts = np.ascontiguousarray(dataset.loss_token_counts, dtype=np.int64)
+    setup["data.loss_targets_sha256"] = hashlib.sha256(counts.tobytes()).hexdigest()[:24]
+    setup["model.vocab_size"] = _vocab_size(cfg)
+    return setup
 
 
 def _torchrun_worker(rank: int, world: int, cfg: TrainingConfig, specs: list[RunSpec]) -> None:
@@ -129,7 +205,9 @@ def _torchrun_worker(rank: int, world: int, cfg: TrainingConfig, specs: list[Run
         outcome = [error]
         dist.broadcast_object_list(outcome, src=0)
         if outcome[0] is not None:
-            raise TrainingError(outcome[0] if rank == 0 else f"rank 0 failed: {outcome[0]}")
+            if rank == 0:
+                raise TrainingError(outcome[0])
+            raise PeerFailed(f"rank 0 failed: {outcome[0]}")
         stopped_by = _worker(rank, world, cfg, specs)
     if stopped_by:
         raise RunInterrupted(stopped_by, "every rank stopped at the same step")
@@ -188,13 +266,22 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
                               min_ratio=tc.min_lr / tc.lr)
 
     start_step = 0
-    latest = latest_checkpoint(out) if spec.resume else None
+    setup = resume_setup(cfg, dataset)
+    latest = resume_checkpoint(out)[0] if spec.resume else None
     if latest is not None:
         state = load_checkpoint(latest, rank)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        loader.load_state_dict(state["dataloader"])
+        try:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+        except (KeyError, RuntimeError, ValueError) as exc:
+            raise TrainingError(f"checkpoint {latest} does not fit this run's model or "
+                                f"optimizer ({str(exc).splitlines()[0][:300]}); resume with the "
+                                "model settings it was saved with, or start a new run") from None
+        try:
+            loader.load_state_dict(state["dataloader"])
+        except ValueError as exc:
+            raise TrainingError(f"checkpoint {latest}: {exc}") from None
         start_step = int(state["step"])
     elif spec.resume and rank == 0:
         print(f"[train] no checkpoint under {out}; starting from step 0", flush=True)
@@ -210,7 +297,7 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
         save_checkpoint(out, at, rank, {
             "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "dataloader": loader.state_dict(),
-        }, keep=tc.checkpoint_keep)
+        }, keep=tc.checkpoint_keep, setup=setup)
 
     iterator = iter(loader)
     step = start_step

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
+import multiprocessing.connection
 import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -33,6 +36,18 @@ import torch.multiprocessing as mp
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 _PR_SET_PDEATHSIG = 1
 _stop_request = {"signal": 0}
+
+
+class RankFailed(RuntimeError):
+    """One rank failed; the first failure, as one message naming the rank.
+
+    ``refusal``: the rank refused its input (a config, checkpoint or data error: exit code 2);
+    otherwise a fault (the rank died) or a bug (``detail`` holds the traceback).
+    """
+
+    def __init__(self, rank: int, message: str, *, refusal: bool, detail: str = "") -> None:
+        self.rank, self.refusal, self.detail = rank, refusal, detail
+        super().__init__(f"rank {rank}: {message}")
 
 
 class RunInterrupted(RuntimeError):
@@ -126,19 +141,67 @@ def _die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
+def _report_path(report_dir: str, rank: int) -> str:
+    return os.path.join(report_dir, f"rank{rank}.json")
+
+
 def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, parent_pid: int,
-           args: tuple) -> None:
+           args: tuple, report_dir: str, refusals: tuple[type[BaseException], ...]) -> None:
+    """One spawned rank: a failure is written to its report file (read by the launcher) and
+    ends the process with exit code 2 (a refusal) or 1, never with a traceback of its own."""
     _die_with_parent(parent_pid)
     install_stop_handlers()
-    init_data_parallel(rank, world_size, port)
+    code = 0
     try:
+        init_data_parallel(rank, world_size, port)
         fn(rank, world_size, *args)
-    except BaseException:
-        # Print every rank's own failure: the launcher only re-raises the first one.
-        print(f"[dp rank {rank}] failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
-        raise
+    except refusals as exc:
+        _write_report(report_dir, rank, {"refusal": True, "message": str(exc)})
+        code = 2
+    except Exception as exc:  # a bug: the launcher shows the traceback
+        _write_report(report_dir, rank, {"refusal": False,
+                                         "message": f"{type(exc).__name__}: {exc}",
+                                         "traceback": traceback.format_exc()})
+        code = 1
     finally:
-        shutdown_data_parallel()
+        with contextlib.suppress(Exception):
+            shutdown_data_parallel()
+    if code:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # skip torch's own error reporting (a spawn traceback in the launcher)
+
+
+def _write_report(report_dir: str, rank: int, report: dict[str, Any]) -> None:
+    path = _report_path(report_dir, rank)
+    with open(path + ".tmp", "w") as f:
+        json.dump({**report, "time": time.time()}, f)
+    os.replace(path + ".tmp", path)
+
+
+def _first_failure(report_dir: str, codes: list[int | None]) -> RankFailed:
+    """The failure that came first: a rank killed by a signal (it could not report; the others
+    then lost their peer), else the earliest report."""
+    world_size = len(codes)
+    killed = [rank for rank, code in enumerate(codes) if code is not None and code < 0
+              and not os.path.exists(_report_path(report_dir, rank))]
+    if killed:
+        name = signal.Signals(-int(codes[killed[0]] or 0)).name
+        return RankFailed(killed[0], f"the rank process died (killed by {name}) without "
+                          "reporting an error; the other ranks were stopped (the last complete "
+                          "checkpoint is intact)", refusal=False)
+    reports = []
+    for rank in range(world_size):
+        with contextlib.suppress(OSError, ValueError), open(_report_path(report_dir, rank)) as f:
+            reports.append((json.load(f), rank))
+    if reports:
+        report, rank = min(reports, key=lambda item: item[0].get("time", 0.0))
+        return RankFailed(rank, report["message"], refusal=bool(report["refusal"]),
+                          detail=report.get("traceback", ""))
+    rank, code = next((r, c) for r, c in enumerate(codes) if c not in (None, 0))
+    return RankFailed(rank, f"the rank process died (exited with code {code}) without "
+                      "reporting an error; the other ranks were stopped (the last complete "
+                      "checkpoint is intact)", refusal=False)
 
 
 def _signal_all(processes: list[Any], signum: int) -> None:
@@ -149,16 +212,27 @@ def _signal_all(processes: list[Any], signum: int) -> None:
 
 
 def spawn_data_parallel(fn: Callable[..., Any], world_size: int, *args: Any,
-                        grace_s: float = 60.0) -> None:
+                        grace_s: float = 60.0,
+                        refusals: tuple[type[BaseException], ...] = ()) -> None:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes; raise if any fails.
 
     ``fn`` must be importable by name (a module-level function). SIGINT / SIGTERM to this
     process asks the ranks to stop (see the module docstring) and raises `RunInterrupted`.
+    A failed rank raises `RankFailed` once, for the first failure: ``refusals`` are the
+    exception types that are a refusal of the input rather than a bug.
     """
-    context = mp.start_processes(_entry, args=(fn, world_size, free_port(), os.getpid(), args),
+    with tempfile.TemporaryDirectory(prefix="megatron-packing-ranks-") as report_dir:
+        _spawn(fn, world_size, args, grace_s, refusals, report_dir)
+
+
+def _spawn(fn: Callable[..., Any], world_size: int, args: tuple, grace_s: float,
+           refusals: tuple[type[BaseException], ...], report_dir: str) -> None:
+    context = mp.start_processes(_entry, args=(fn, world_size, free_port(), os.getpid(), args,
+                                               report_dir, refusals),
                                  nprocs=world_size, join=False, start_method="spawn")
     processes = context.processes
     received: list[int] = []
+    failure: RankFailed | None = None
 
     def on_signal(signum: int, frame: Any) -> None:
         received.append(signum)
@@ -170,13 +244,17 @@ def spawn_data_parallel(fn: Callable[..., Any], world_size: int, *args: Any,
     try:
         deadline: float | None = None
         while True:
-            try:
-                if context.join(timeout=0.5):
-                    break
-            except (mp.ProcessRaisedException, mp.ProcessExitedException):
-                if received:
-                    break  # a rank killed on purpose
-                raise
+            alive = [p.sentinel for p in processes if p.exitcode is None]
+            if alive:
+                multiprocessing.connection.wait(alive, timeout=0.5)
+            codes = [p.exitcode for p in processes]
+            failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
+            if failed and not received:  # the first failure; the others lost their peer
+                time.sleep(0.5)  # let a rank that fails at the same moment write its report
+                failure = _first_failure(report_dir, [p.exitcode for p in processes])
+                break
+            if all(code is not None for code in codes) or (failed and received):
+                break  # all done, or a rank stopped on purpose
             if received and deadline is None:
                 deadline = time.monotonic() + grace_s
             if deadline is not None and time.monotonic() > deadline:
@@ -189,6 +267,8 @@ def spawn_data_parallel(fn: Callable[..., Any], world_size: int, *args: Any,
             process.join(timeout=5)
     if received:
         raise RunInterrupted(received[0])
+    if failure is not None:
+        raise failure
 
 
 def run_as_torchrun_rank(fn: Callable[..., Any], *args: Any) -> None:

@@ -23,6 +23,9 @@ class OutputDirInUse(RuntimeError):
 def hold_output_dir(directory: str | Path) -> Iterator[Path]:
     """Hold ``directory``'s run lock for the ``with`` block, or raise `OutputDirInUse`."""
     directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise OutputDirInUse(f"output directory {directory} is a file, not a directory; pick "
+                             "another --output-dir")
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_FILE
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -12,13 +12,18 @@ weights. (``train.seed`` no longer exists; a YAML that still sets it is refused 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from megatron_packing.config import ConfigError, PackingConfig, dataclass_from_mapping
+from megatron_packing.config import (
+    ConfigError,
+    PackingConfig,
+    dataclass_from_mapping,
+    read_yaml_mapping,
+)
+from megatron_packing.config.components import MAX_SEED
 from megatron_packing.validation import require_bool, require_choice, require_int, require_number
 
 WANDB_MODES = ("offline", "online", "disabled")
@@ -114,9 +119,10 @@ class _Checker:
         value = getattr(self.values, key)
         raise ConfigError(f"{self._name(key)} must be {expected}, got {value!r}")
 
-    def integer(self, key: str, minimum: int, *, optional: bool = False) -> None:
+    def integer(self, key: str, minimum: int, *, optional: bool = False,
+                maximum: int | None = None) -> None:
         require_int(self._name(key), getattr(self.values, key), minimum=minimum,
-                    allow_none=optional)
+                    maximum=maximum, allow_none=optional)
 
     def number(self, key: str, *, minimum: float, strict: bool) -> None:
         require_number(self._name(key), getattr(self.values, key), minimum=minimum,
@@ -157,9 +163,27 @@ def _check_model(m: ModelConfig, packing: PackingConfig, source: str) -> None:
     c.integer("ffn_hidden_size", 1, optional=True)
     c.integer("max_position_embeddings", packing.bin_capacity, optional=True)
     c.integer("init_seed", 0)
+    if m.init_seed > MAX_SEED:
+        c.fail("init_seed", "at most 2**63 - 1 (torch seeds with a signed 64-bit integer)")
     c.choice("dtype", DTYPES)
     if m.hidden_size % m.num_attention_heads:
         c.fail("num_attention_heads", f"a divisor of model.hidden_size ({m.hidden_size})")
+    positions = m.max_position_embeddings or packing.bin_capacity
+    table = positions * m.hidden_size * (8 if m.dtype == "float64" else 4)
+    if table > _memory_bytes() // 2:
+        raise ConfigError(
+            f"{source}: the position-embedding table alone would take {table / 2**30:.1f} GiB "
+            f"({positions} positions x hidden_size {m.hidden_size}), more than half of this "
+            f"machine's memory ({_memory_bytes() / 2**30:.1f} GiB); lower packing.bin_capacity "
+            "(or model.max_position_embeddings)")
+
+
+def _memory_bytes() -> int:
+    """Physical memory of this machine (a large default where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 2**40
 
 
 def _check_data(d: DataConfig, source: str) -> None:
@@ -173,6 +197,9 @@ def _check_data(d: DataConfig, source: str) -> None:
     c.choice("loss_on", LOSS_ON_CHOICES)
     c.choice("on_bad_record", ON_BAD_RECORD_CHOICES)
     c.text("cache_dir", optional=True)
+    if (not isinstance(d.valid_paths, list)
+            or not all(isinstance(p, str) and p for p in d.valid_paths)):
+        c.fail("valid_paths", "a list of dataset paths (empty: no validation data)")
 
 
 def _check_logging(lg: LoggingConfig, source: str) -> None:
@@ -201,6 +228,10 @@ def check_paths_exist(cfg: TrainingConfig, source: str = "config") -> None:
     for i, path in enumerate(cfg.data.paths):
         if not Path(cfg.resolve(path)).exists():
             raise ConfigError(f"{source}: data.paths[{i}] {cfg.resolve(path)!r} does not exist")
+    for i, path in enumerate(cfg.data.valid_paths):
+        if not Path(cfg.resolve(path)).exists():
+            raise ConfigError(f"{source}: data.valid_paths[{i}] {cfg.resolve(path)!r} does not "
+                              "exist")
     if not Path(cfg.resolve(cfg.data.tokenizer)).is_dir():
         raise ConfigError(f"{source}: data.tokenizer {cfg.resolve(cfg.data.tokenizer)!r} is not "
                           "a tokenizer directory")
@@ -239,26 +270,10 @@ def training_config_from_dict(document: dict[str, Any], *, source: str = "config
     return TrainingConfig(packing=packing, base_dir=base_dir, **parts)
 
 
-def read_yaml(path: str | Path) -> Any:
-    """Parse a YAML file; a syntax error names the file, line and column."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
-
-
 def load_training_config(path: str | Path, *, check_paths: bool = True) -> TrainingConfig:
     """Read and check a training YAML; relative paths inside it resolve against the cwd."""
-    document = read_yaml(path)
-    if document is None:
+    document = read_yaml_mapping(path)
+    if not document:
         raise ConfigError(f"{path}: the file is empty; expected the sections packing, "
                           f"{', '.join(_SECTIONS)}")
     cfg = training_config_from_dict(document, source=str(path), base_dir=".")

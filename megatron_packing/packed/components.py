@@ -8,7 +8,7 @@ import numpy as np
 
 from megatron_packing.base_order import make_base_order
 from megatron_packing.config import PackingConfig
-from megatron_packing.fetch import PlannedDataset
+from megatron_packing.fetch import PlannedDataset, check_loss_targets
 from megatron_packing.packed.collate import PackedCollator
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 
@@ -81,6 +81,7 @@ def build_packing_sampler(
     """
     check_not_empty(dataset)
     lengths, counts = example_lengths(dataset)
+    check_loss_targets(dataset, counts)
     settings = config.packed_sampler_config(dp_size, seed=seed, eval_mode=eval_mode)
     if base_sampler is None:
         base_sampler = make_base_order(config.loader.order_kind(eval_mode), len(lengths),

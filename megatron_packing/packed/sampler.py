@@ -30,12 +30,17 @@ from megatron_packing.packing.planner.sizer import StepSizer
 from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES
 from megatron_packing.packing.planner.window import StepContext
 from megatron_packing.plan_types import StepPlan, TupleSequence
-from megatron_packing.state_checks import check_fingerprint, check_state_keys
+from megatron_packing.state_checks import check_fingerprint, check_state_fields, check_state_keys
 from megatron_packing.step_stream import OrderPosition, StepStream
 from megatron_packing.validation import require_int, require_positive_int
 
 STATE_FORMAT_VERSION = 1
 STATE_KEYS = ("version", "fingerprint", "order", "carry", "step", "step_in_epoch", "drift")
+STATE_RULES = {"version": ("int", 1), "fingerprint": ("dict", None), "order": ("dict", None),
+               "carry": ("int_list", 0), "deferred": ("int", 0), "step": ("int", 0),
+               "step_in_epoch": ("int", 0), "drift": ("int", None),
+               "warned_hopeless": ("bool", None)}
+"""Each state field's type and range (`check_state_fields`)."""
 
 
 @dataclass(frozen=True)
@@ -368,6 +373,7 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
     def check_state(self, state: Any) -> None:
         """Raise unless ``state`` is a complete state of this sampler's setup (loads nothing)."""
         check_state_keys(state, STATE_KEYS, "DPAlignedPackingBatchSampler")
+        check_state_fields(state, STATE_RULES, "DPAlignedPackingBatchSampler")
         version = state.get("version")
         if version != STATE_FORMAT_VERSION:
             raise ValueError(
@@ -375,6 +381,11 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
                 f"{STATE_FORMAT_VERSION}"
             )
         check_fingerprint(state["fingerprint"], self._fingerprint)
+        beyond = [i for i in state["carry"] if i >= self.num_examples]
+        if beyond:
+            raise ValueError(f"DPAlignedPackingBatchSampler.load_state_dict got a damaged sampler "
+                             f"state (carry holds example {beyond[0]}, beyond the dataset's "
+                             f"{self.num_examples} examples)")
 
 
 def _as_lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:

@@ -8,7 +8,7 @@ import numpy as np
 
 from megatron_packing.base_order import make_base_order
 from megatron_packing.config import PackingConfig
-from megatron_packing.fetch import PlannedDataset
+from megatron_packing.fetch import PlannedDataset, check_loss_targets
 from megatron_packing.padded.collate import PaddedCollator
 from megatron_packing.padded.sampler import TokenBudgetBatchSampler
 
@@ -34,9 +34,17 @@ def build_padded_components(
     full epoch, whatever ``total_steps``), and ``base_sampler`` replaces the configured order.
     """
     lengths = getattr(dataset, "lengths", None)
-    if lengths is None:
-        lengths = [len(dataset[i]["input_ids"]) for i in range(len(dataset))]
     loss_counts = getattr(dataset, "loss_token_counts", None)
+    if lengths is None or loss_counts is None:  # no index: read every example once
+        examples = [dataset[i] for i in range(len(dataset))]
+        if lengths is None:
+            lengths = [len(example["input_ids"]) for example in examples]
+        targets = [len(example["input_ids"]) - 1 if example.get("loss_mask") is None
+                   else int(np.count_nonzero(np.asarray(example["loss_mask"])[1:]))
+                   for example in examples]
+        check_loss_targets(dataset, np.asarray(targets, dtype=np.int64))
+    else:
+        check_loss_targets(dataset, loss_counts)
     settings = config.padded_sampler_config(dp_size, seed=seed, eval_mode=eval_mode)
     if base_sampler is None:
         base_sampler = make_base_order(config.loader.order_kind(eval_mode), len(dataset),

@@ -36,7 +36,7 @@ from megatron_packing.packing.microbatch import (
     sort_by_length,
 )
 from megatron_packing.plan_types import PaddedStepPlan
-from megatron_packing.state_checks import check_fingerprint, check_state_keys
+from megatron_packing.state_checks import check_fingerprint, check_state_fields, check_state_keys
 from megatron_packing.step_stream import OrderPosition, StepStream
 from megatron_packing.validation import require_int, require_positive_int
 
@@ -298,6 +298,10 @@ class TokenBudgetBatchSampler(StepStream[PaddedCursor, PaddedStepPlan]):
         """Raise unless ``state`` is a complete state of this sampler's setup (loads nothing)."""
         check_state_keys(state, ("order", "step", "max_tokens", "budget_changes", "fingerprint"),
                          "TokenBudgetBatchSampler")
+        check_state_fields(state, {"order": ("dict", None), "epoch": ("int", 0),
+                                   "step": ("int", 0), "max_tokens": ("int_or_none", 1),
+                                   "budget_changes": ("int_pairs", 0),
+                                   "fingerprint": ("dict", None)}, "TokenBudgetBatchSampler")
         check_fingerprint(state["fingerprint"], self._fingerprint())
 
 

@@ -38,6 +38,7 @@ from .tuning import (
     capacity_grid,
     make_grid,
     recommend,
+    truncates_most,
 )
 
 TUNE_MAX_STEPS = 200  # steps per grid point by default: a short simulation each
@@ -243,7 +244,8 @@ def run_tuning(inputs: ConfigInputs, dataset: DatasetLengths, *,
                                    padding_bins=s["padding_bins"],
                                    truncated_examples=s["truncated_examples"],
                                    batch_size_min=s["batch_size_min"],
-                                   batch_size_max=s["batch_size_max"])
+                                   batch_size_max=s["batch_size_max"],
+                                   examples=s["examples"])
                 except ConfigError as exc:
                     problem = str(exc)
                 bar.update()
@@ -300,16 +302,23 @@ def format_tuning(report: dict[str, Any]) -> str:
                 lines.append(f"| {pt['bin_capacity']:,} | {pt['variation']:g} ({pt['v']}) | - | - "
                              f"| - | - | - | - | not run: {pt['problem']} |")
                 continue
+            mark = " (most truncated: not ranked)" if truncates_most(
+                pt["truncated_examples"], pt.get("examples", 0)) else ""
             lines.append(
                 f"| {pt['bin_capacity']:,} | {pt['variation']:g} ({pt['v']}){star} "
                 f"| {pt['token_fill']:.2%} | {pt['aligned_fraction']:.1%} | {pt['token_cv']:.2%} "
                 f"| {pt['micro_batches_per_rank']:.2f} | {pt['padding_bins']:,} "
-                f"| {pt['batch_size_min']}-{pt['batch_size_max']} | {pt['truncated_examples']:,} |")
+                f"| {pt['batch_size_min']}-{pt['batch_size_max']} | "
+                f"{pt['truncated_examples']:,}{mark} |")
     lines.append("")
     if chosen:
+        cut = (f" (truncates {chosen['truncated_examples']:,} of {chosen['examples']:,} "
+               "simulated examples to the capacity)" if chosen["truncated_examples"] else "")
         lines.append(f"Recommendation: align_packing_bins_to_dp: true, bin_capacity: "
                      f"{chosen['bin_capacity']}, packing_batch_size_allowed_variation: "
-                     f"{chosen['variation']:g}")
+                     f"{chosen['variation']:g}{cut}")
+    else:
+        lines.append("Recommendation: none")
     for reason in report["reasons"]:
         lines.append(f"- {reason}")
     return "\n".join(lines)

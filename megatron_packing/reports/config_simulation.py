@@ -21,12 +21,13 @@ from typing import Any
 import numpy as np
 
 from megatron_packing.base_order import make_base_order
-from megatron_packing.config import ConfigError, PackingConfig, dataclass_from_mapping
-from megatron_packing.megatron.trainer_config import (
-    DataConfig,
-    read_yaml,
-    training_config_from_dict,
+from megatron_packing.config import (
+    ConfigError,
+    PackingConfig,
+    dataclass_from_mapping,
+    read_yaml_mapping,
 )
+from megatron_packing.megatron.trainer_config import DataConfig, training_config_from_dict
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 from megatron_packing.packing.step_time import StepTimes, rank_times
 from megatron_packing.validation import check_batch_window
@@ -60,7 +61,7 @@ def read_config(path: str | Path, *, dp_size: int | None = None,
     section. ``dp_size`` and ``steps`` default to ``train.dp_size`` and ``train.steps``.
     """
     source = str(path)
-    document = read_yaml(path)
+    document = read_yaml_mapping(path)
     if not isinstance(document, dict) or "packing" not in document:
         raise ConfigError(f"{source}: expected a training YAML with a 'packing:' section (and a "
                           "'data:' section naming the dataset and tokenizer)")

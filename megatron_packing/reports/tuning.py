@@ -5,6 +5,10 @@ and `recommend`. Running a point's simulation is `config_simulation.simulate_ste
 
 The rule, in order:
 
+0. **Never a point that truncates most examples.** A point whose simulation truncates more
+   than half of its examples (``MOST_TRUNCATED``) is marked in the table and never recommended:
+   its fill is high only because the examples were cut to fit (``--capacities 1`` would fill
+   100% with one token per example). When every point is such, nothing is recommended.
 1. **Cut no more than now.** Points that truncate more examples than the current setting
    (capacity, variation) does are set aside: a smaller capacity that cuts examples trains on
    fewer tokens. (When the current setting is not in the grid, the fewest truncated examples of
@@ -30,6 +34,8 @@ from megatron_packing.validation import allowed_batch_variation
 DEFAULT_CAPACITY_FACTORS = (0.5, 1.0, 2.0)
 DEFAULT_VARIATIONS = (0.02, 0.05, 0.1, 0.2)
 FILL_TOLERANCE = 0.005
+MOST_TRUNCATED = 0.5
+"""A point truncating more than this share of its simulated examples is never recommended."""
 
 
 @dataclass(frozen=True)
@@ -93,13 +99,24 @@ class TunePoint:
     batch_size_min: int = 0
     batch_size_max: int = 0
     problem: str | None = None  # why the point did not run (then the figures are zeros)
+    examples: int = 0  # examples in the simulated steps (the truncated share's denominator)
 
     @property
     def ran(self) -> bool:
         return self.problem is None
 
+    @property
+    def truncates_most(self) -> bool:
+        """More than `MOST_TRUNCATED` of the simulated examples were cut to the capacity."""
+        return truncates_most(self.truncated_examples, self.examples)
+
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def truncates_most(truncated: int, examples: int) -> bool:
+    """Whether ``truncated`` of ``examples`` is more than `MOST_TRUNCATED` of them."""
+    return examples > 0 and truncated > MOST_TRUNCATED * examples
 
 
 @dataclass
@@ -118,6 +135,12 @@ def recommend(points: Sequence[TunePoint], *, current_capacity: int, current_var
     if not ran:
         return Recommendation(None, ["no grid point could run: " + "; ".join(
             sorted({p.problem or "" for p in points}))])
+    marked = sorted({p.bin_capacity for p in ran if p.truncates_most})
+    ran = [p for p in ran if not p.truncates_most]
+    if not ran:
+        return Recommendation(None, [
+            "no recommendation: every grid point that ran truncates most of its examples "
+            f"(capacity {', '.join(map(str, marked))}); try larger --capacities"])
     current = next((p for p in ran if p.bin_capacity == current_capacity
                     and math.isclose(p.variation, current_variation)), None)
     bar = current.truncated_examples if current is not None else min(
@@ -139,6 +162,13 @@ def recommend(points: Sequence[TunePoint], *, current_capacity: int, current_var
         f"{chosen.batch_size_min}-{chosen.batch_size_max}, "
         f"{chosen.micro_batches_per_rank:.2f} micro-batches per rank",
     ]
+    if marked:
+        reasons.append(f"capacity {', '.join(map(str, marked))} not ranked: it truncates more "
+                       f"than {MOST_TRUNCATED:.0%} of the examples")
+    if chosen.truncated_examples:
+        reasons.append(f"it truncates {chosen.truncated_examples:,} of {chosen.examples:,} "
+                       "simulated examples to the capacity (oversize_policy: truncate): their "
+                       "tail tokens are not trained")
     cut = sorted({p.bin_capacity for p in ran if p.truncated_examples > bar})
     if cut:
         reasons.append(f"capacity {', '.join(map(str, cut))} set aside: it truncates more than "

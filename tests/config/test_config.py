@@ -122,7 +122,7 @@ def test_messages_name_the_file(tmp_path):
     assert message.startswith(str(tmp_path / "train.yaml"))
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "missing.yaml")
-    with pytest.raises(ConfigError, match="not valid YAML"):
+    with pytest.raises(ConfigError, match="YAML syntax error"):
         load_config(write(tmp_path, "packing: [1, 2", "bad.yaml"))
     with pytest.raises(ConfigError, match="mapping"):
         load_config(write(tmp_path, "- 1\n- 2\n", "list.yaml"))

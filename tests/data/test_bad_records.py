@@ -171,7 +171,8 @@ def test_invalid_options(tok, chat_file, tmp_path):
 
 
 def test_reason_keys_documented():
-    others = {"too_long", "no_loss_tokens", "template_error", "special_token_in_content"}
+    others = {"too_long", "no_loss_tokens", "template_error", "special_token_in_content",
+              "weight_unsupported"}
     assert {c[2] for c in CASES} | others == set(REASONS)
 
 

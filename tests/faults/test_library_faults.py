@@ -168,7 +168,7 @@ def test_a_packing_section_that_is_not_a_mapping_is_refused(tmp_path):
 ])
 def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, text, line):
     path = write(tmp_path, text)
-    with pytest.raises(ConfigError, match=re.escape(f"{path}: not valid YAML at line {line}, ")):
+    with pytest.raises(ConfigError, match=re.escape(f"{path}:{line}:") + r"\d+: YAML syntax error: "):
         load_config(path)
 
 

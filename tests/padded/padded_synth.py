@@ -14,6 +14,9 @@ class SyntheticSFTDataset:
         self.lengths = rng.integers(min_len, max_len + 1, size=num_examples).astype(np.int32)
         self._ids = [rng.integers(1, vocab, size=int(n)).astype(np.int64) for n in self.lengths]
         self._masks = [(rng.random(int(n)) < 0.6).astype(np.uint8) for n in self.lengths]
+        for mask in self._masks:  # every example trains at least its last token
+            if not mask[1:].any():
+                mask[-1] = 1
         # Targets are the tokens after the first one (labels are the next token).
         self.loss_token_counts = np.array([int(m[1:].sum()) for m in self._masks], dtype=np.int64)
 
