@@ -2,6 +2,7 @@
 
 import sys
 
-from megatron_packing.megatron_lm.entry import main
+from megatron_packing.megatron_lm.entry import run
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(run())

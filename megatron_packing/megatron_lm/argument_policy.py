@@ -124,7 +124,7 @@ POLICY: dict[str, Honoured | Refused] = {
     "async_save": Honoured(SAVE + "; the loop finalises saves at each step start and at the end, "
                            "as Megatron's train() (GPU only: Megatron's persistent checkpoint "
                            "worker pins a CUDA device, so it is not run on CPU)",
-                           _FORMATS + "test_distributed_optimizer_kill_9_then_load_is_exact"),
+                           _FORMATS + "test_distributed_optimizer_trains_as_the_reference"),
     "non_persistent_save_interval": Honoured(
         EXIT, _FORMATS + "test_non_persistent_checkpoint_resumes_exactly"),
     "non_persistent_ckpt_type": Refused(
@@ -227,11 +227,11 @@ POLICY: dict[str, Honoured | Refused] = {
     # ---- parallelism and DDP
     "overlap_grad_reduce": Honoured(SETUP + "; the schedule's grad-sync hooks as Megatron's "
                                     "train() sets them",
-                                    _FORMATS + "test_distributed_optimizer_kill_9_then_load_is_exact"),
+                                    _FORMATS + "test_distributed_optimizer_trains_as_the_reference"),
     "overlap_param_gather": Honoured(SETUP + "; the schedule's param-sync hook",
-                                     _FORMATS + "test_distributed_optimizer_kill_9_then_load_is_exact"),
-    "align_grad_reduce": Honoured(SETUP, _FORMATS + "test_distributed_optimizer_kill_9_then_load_is_exact"),
-    "align_param_gather": Honoured(SETUP, _FORMATS + "test_distributed_optimizer_kill_9_then_load_is_exact"),
+                                     _FORMATS + "test_distributed_optimizer_trains_as_the_reference"),
+    "align_grad_reduce": Honoured(SETUP, _FORMATS + "test_distributed_optimizer_trains_as_the_reference"),
+    "align_param_gather": Honoured(SETUP, _FORMATS + "test_distributed_optimizer_trains_as_the_reference"),
     "use_torch_fsdp2": Refused("--use-torch-fsdp2: not supported by the packing entry point; use "
                                "megatron-core DDP (optionally --use-distributed-optimizer)",
                                ("--use-torch-fsdp2",)),

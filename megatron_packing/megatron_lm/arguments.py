@@ -53,9 +53,25 @@ def check_megatron_arguments(args: Any) -> None:
             "whenever it is installed and fails with a NameError when it is not "
             "(megatron.core.transformer.moe.moe_utils.te_general_gemm is undefined); install "
             "Transformer Engine (on GPUs: pip install transformer_engine[pytorch]) to train MoE")
+    if getattr(args, "use_distributed_optimizer", False) and \
+            (getattr(args, "save", None) or getattr(args, "load", None)) and \
+            not optimizer_has_fused_adam():
+        problems.append(
+            "--use-distributed-optimizer with --save / --load: without Apex or Transformer "
+            "Engine, megatron-core falls back to torch's Adam, and it cannot load that "
+            "distributed optimizer state back (torch_dist asserts on the missing 'step', the "
+            "torch format fails copying into the parameters); install Transformer Engine, or "
+            "train without --use-distributed-optimizer")
     if problems:
         raise MegatronArgumentError(
             "Megatron-LM arguments the packing loop cannot honour:\n  - " + "\n  - ".join(problems))
+
+
+def optimizer_has_fused_adam() -> bool:
+    """Whether megatron-core's optimizers use Apex or Transformer Engine (not torch's Adam)."""
+    from megatron.core.optimizer import distrib_optimizer
+
+    return bool(getattr(distrib_optimizer, "HAVE_APEX_OR_TE", True))
 
 
 def moe_router_runs() -> bool:

@@ -23,6 +23,7 @@ import torch
 
 from megatron_packing.megatron.megatron_lm import ConsumedExamples
 from megatron_packing.packed.collate import PackedBatch
+from megatron_packing.validation import ConfigError
 
 LOADER_STATE_BASENAME = "train_dataloader_dprank{dp_rank:03d}.pt"
 
@@ -114,17 +115,28 @@ def checkpoint_to_load(args: Any) -> tuple[int, str] | None:
     return choice if choice[0] > 0 else None
 
 
+class LoaderStateMissing(FileNotFoundError):
+    """A checkpoint to resume from holds no loader state for this rank."""
+
+
+class LoaderStateRefused(ConfigError):
+    """The saved loader state does not fit this run (another dataset, seed, B, dp, ...)."""
+
+
 def restore_loader_state(stream: TrainStream, checkpoint_dir: str, iteration: int,
                          dp_rank: int) -> str:
     """Load the loader state saved with checkpoint ``iteration``; a clear error when absent."""
     path = loader_state_path(checkpoint_dir, iteration, dp_rank)
     if not os.path.isfile(path):
-        raise FileNotFoundError(
+        raise LoaderStateMissing(
             f"checkpoint iteration {iteration} under {checkpoint_dir} has no loader state for "
             f"data-parallel rank {dp_rank} (expected {path}). It was not written by the "
             "megatron_packing entry point, or with a different data-parallel size; resuming "
             "without it would replay or skip examples. Start from a checkpoint this entry point "
             "saved, or pass --finetune to start the data from the beginning")
     saved = torch.load(path, map_location="cpu", weights_only=False)
-    stream.load_state_dict(saved["dataloader_state_dict"])
+    try:
+        stream.load_state_dict(saved["dataloader_state_dict"])
+    except ValueError as error:
+        raise LoaderStateRefused(f"resuming from {path}: {error}") from error
     return path

@@ -166,6 +166,27 @@ def main(argv: list[str] | None = None, *, program_start: float | None = None) -
     return _run(args, loop)
 
 
+def run(argv: list[str] | None = None, *, program_start: float | None = None) -> int:
+    """`main`, with a user's mistake reported as one line and exit code 2, no traceback.
+
+    Every rank meets the same start-up refusal, so only global rank 0 prints it. Anything else
+    keeps its traceback: it is a fault or a bug, not a setting to change.
+    """
+    import os
+
+    from megatron_packing.data import BadRecordError, CorruptStoreError
+    from megatron_packing.megatron_lm.arguments import MegatronArgumentError
+    from megatron_packing.megatron_lm.data import LoaderStateMissing
+
+    try:
+        return main(argv, program_start=program_start)
+    except (ConfigError, MegatronArgumentError, LoaderStateMissing, BadRecordError,
+            CorruptStoreError) as error:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"megatron_packing.megatron_lm: error: {error}", file=sys.stderr, flush=True)
+        return 2
+
+
 def _given(flag: str, argv: list[str]) -> bool:
     """Whether ``flag`` is on the command line (rather than Megatron's default)."""
     return any(arg == flag or arg.startswith(flag + "=") for arg in argv)

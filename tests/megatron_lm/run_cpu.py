@@ -16,10 +16,10 @@ def run() -> int:
     import cpu_shims
 
     cpu_shims.apply()
-    from megatron_packing.megatron_lm.entry import main
+    from megatron_packing.megatron_lm.entry import run as run_entry
 
     started_ago = float(os.environ.get("MEGATRON_PACKING_JOB_STARTED_S_AGO", "0"))
-    return main(program_start=time.time() - started_ago if started_ago else None)
+    return run_entry(program_start=time.time() - started_ago if started_ago else None)
 
 
 if __name__ == "__main__":

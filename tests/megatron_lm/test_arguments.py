@@ -75,6 +75,19 @@ def test_required_arguments_are_refused_by_name_when_missing(dropped, message):
         check_megatron_arguments(megatron_args(argv))
 
 
+@requires_megatron_lm
+def test_distributed_optimizer_checkpoints_are_refused_without_fused_adam():
+    from megatron_packing.megatron_lm.arguments import optimizer_has_fused_adam
+
+    saving = megatron_args([*MODEL_ARGS, *REQUIRED, "--use-distributed-optimizer", "--save", "c"])
+    if optimizer_has_fused_adam():
+        check_megatron_arguments(saving)
+        return
+    with pytest.raises(MegatronArgumentError, match="--use-distributed-optimizer with --save"):
+        check_megatron_arguments(saving)
+    check_megatron_arguments(megatron_args([*MODEL_ARGS, *REQUIRED, "--use-distributed-optimizer"]))
+
+
 def test_more_eval_iters_than_the_validation_set_gives_are_refused():
     assert validation_steps(4, 4, range(64), 16, explicit=True) == 4
     with pytest.raises(MegatronArgumentError,
@@ -142,6 +155,9 @@ def test_refusal_comes_before_any_model_is_built(sft_data, tmp_path):
         run.output
     assert "building GPT model" not in run.output
     assert "interleaved pipeline parallelism expected each model chunk" not in run.output
+    # One message from rank 0, no traceback from the ranks (torchrun adds its own summary).
+    assert run.output.count("megatron_packing.megatron_lm: error: Megatron-LM arguments") == 1
+    assert "[rank0]: Traceback" not in run.output and "[rank1]: Traceback" not in run.output
 
 
 @pytest.mark.parametrize(("text", "message"), [

@@ -144,7 +144,6 @@ def killed_and_resumed(reference, sft_data, tmp_path_factory):
                              tmp / "log_killed", kill_when=tracker_says(save, 4))
     assert killed.returncode == -9, killed.output[-3000:]
     assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
-    assert max(s["iteration"] for s in killed.steps(0)) < ITERS, "the kill came too late"
     # Validation (every iteration here, every 4th in the reference) did not disturb training.
     for got, want in zip(killed.steps(0), reference.steps(0), strict=False):
         assert (got["examples"], got["loss"], got["lr"]) == (want["examples"], want["loss"],
