@@ -204,3 +204,16 @@ def test_the_packing_section_is_judged_once_megatron_completes_it(tmp_path):
     path.write_text("packing:\n  bin_capcity: 512\ndata:\n  paths: [a.jsonl]\n  tokenizer: tok\n")
     with pytest.raises(ConfigError, match="did you mean 'bin_capacity'"):
         read_packing_yaml(str(path))
+
+
+@requires_megatron_lm
+def test_moe_is_refused_where_megatron_cores_router_cannot_run(monkeypatch):
+    from megatron.core.transformer.moe import moe_utils
+
+    args = megatron_args([*MODEL_ARGS, *REQUIRED, "--num-experts", "4"])
+    monkeypatch.delattr(moe_utils, "te_general_gemm", raising=False)
+    with pytest.raises(MegatronArgumentError, match="--num-experts: this megatron-core's MoE "
+                                                    "router calls Transformer Engine's GEMM"):
+        check_megatron_arguments(args)
+    monkeypatch.setattr(moe_utils, "te_general_gemm", None, raising=False)
+    check_megatron_arguments(args)
