@@ -66,10 +66,6 @@ _RESUME = _REAL_LOOP + "test_kill_9_after_checkpoint_then_load_matches_uninterru
 _VALIDATION = _REAL_LOOP + "test_validation_runs_on_the_validation_loader_and_after_training"
 
 
-def _unsupported(what: str, instead: str) -> str:
-    return f"{what}; {instead}"
-
-
 POLICY: dict[str, Honoured | Refused] = {
     # ---- batch, schedule, data
     "global_batch_size": Honoured("B, the mean examples per step; the LR schedule is sized in "
