@@ -1,4 +1,4 @@
-"""The ``megatron-packing`` command: ``train``, ``simulate``, ``tune`` and ``inspect``."""
+"""The ``megatron-packing`` command: ``train``, ``simulate``, ``tune``, ``inspect`` and ``budget``."""
 
 from __future__ import annotations
 
@@ -111,6 +111,33 @@ def _inspect_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _budget(args: argparse.Namespace) -> int:
+    """Write a token-budget change for a running padded-mode job (its control file)."""
+    from pathlib import Path
+
+    from megatron_packing.padded.control_file import BUDGET_FILE, write_budget_file
+
+    run_dir = Path(args.run_dir)
+    problem = None
+    if not run_dir.is_dir():
+        problem = (f"--run-dir {run_dir} is not a directory; give the job's --save directory "
+                   "(or write the file named by its --packing-budget-file with --file)")
+    elif args.max_tokens <= 0:
+        problem = f"max_tokens_per_microbatch {args.max_tokens}: give a token count >= 1"
+    elif args.from_step is not None and args.from_step < 0:
+        problem = f"--from-step {args.from_step}: give a step >= 0 (or leave it out: the next step)"
+    if problem is not None:
+        print(f"megatron-packing budget: error: {problem}", file=sys.stderr, flush=True)
+        return 2
+    path = write_budget_file(run_dir / (args.file or BUDGET_FILE), args.max_tokens, args.from_step)
+    when = f"from step {args.from_step}" if args.from_step is not None else \
+        "from the first step no rank has planned yet"
+    print(f"wrote {path}: max_tokens_per_microbatch {args.max_tokens} {when}; the job takes it "
+          "at its next budget check and logs the step (a step already planned is refused in "
+          "its log)")
+    return 0
+
+
 def _tune(argv: Sequence[str]) -> int:
     from megatron_packing.reports.commands import tune_command
 
@@ -148,6 +175,17 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--output-dir", help="where lengths.png goes (default: reports/<config name>)")
     ins.add_argument("--no-plot", action="store_true", help="write no PNG")
     ins.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    bud = sub.add_parser("budget", help="change a running padded-mode job's token budget "
+                         "(max_tokens_per_microbatch) at a step boundary")
+    bud.add_argument("--run-dir", required=True,
+                     help="the job's --save directory (where it reads token_budget.json)")
+    bud.add_argument("max_tokens", type=int, help="the new max_tokens_per_microbatch")
+    bud.add_argument("--from-step", type=int, default=None,
+                     help="the first step (0-based, counted across epochs) to plan with it; "
+                          "default: the next step no rank has planned")
+    bud.add_argument("--file", default=None,
+                     help="the control file's name in --run-dir (default: token_budget.json)")
     return parser
 
 
@@ -169,6 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"report it with this traceback):\n{traceback.format_exc()}", file=sys.stderr,
                   end="", flush=True)
             return 1
+    if args.command == "budget":
+        return _budget(args)
     return _inspect(args)
 
 

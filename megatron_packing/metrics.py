@@ -50,6 +50,13 @@ def step_metrics(meta: StepMetadata, *, loss: float | None = None,
         metrics["train/lr"] = float(lr)
     if meta.num_loss_tokens is not None:  # unknown counts are left out, never logged as a number
         metrics["train/loss_tokens"] = int(meta.num_loss_tokens)
+    # Padded mode: the token budget in force (absent with a fixed micro_batch_size) and the
+    # step's padded tokens.
+    budget = meta.extra.get("max_tokens_per_microbatch")
+    if budget:
+        metrics["train/max_tokens_per_microbatch"] = int(budget)
+    if "padded_tokens" in meta.extra:
+        metrics["train/padded_tokens"] = int(meta.extra["padded_tokens"])
     return metrics
 
 

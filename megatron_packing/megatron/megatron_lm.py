@@ -95,12 +95,13 @@ def megatron_lm_loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor, 
     before any reduction, as Megatron-LM's own GPT loss does: a NaN or Inf is fatal, a spike is
     reported. What follows (rerun in place, checkpoint and exit) is the state machine's.
     """
-    mask = loss_mask.reshape(-1).to(output_tensor.dtype)
-    total = (output_tensor.reshape(-1).float() * mask.float()).sum()
+    dtype = torch.promote_types(output_tensor.dtype, torch.float32)  # fp32 sums, fp64 kept
+    mask = loss_mask.reshape(-1).to(dtype)
+    total = (output_tensor.reshape(-1).to(dtype) * mask).sum()
     tokens = mask.sum().to(torch.int)
     if check_nan or check_spiky:
         _validate_loss(total, check_nan=check_nan, check_spiky=check_spiky)
-    report = torch.stack([total.detach(), tokens.detach().float()])
+    report = torch.stack([total.detach(), tokens.detach().to(dtype)])
     return total, tokens, {"lm loss": report}
 
 

@@ -71,8 +71,10 @@ POLICY: dict[str, Honoured | Refused] = {
     "global_batch_size": Honoured("B, the mean examples per step; the LR schedule is sized in "
                                   "examples", _REAL_LOOP + "test_lr_schedule_advances_by_real_examples"),
     "micro_batch_size": Refused(
-        "--micro-batch-size: one micro-batch is one packed row; use --micro-batch-size 1 and "
-        "size rows with --seq-length / bin_capacity", ("--micro-batch-size", "2"),
+        "--micro-batch-size: one micro-batch is one packed row (packed mode), or is sized by "
+        "packing.max_tokens_per_microbatch / packing.micro_batch_size in the YAML (padded "
+        "mode); use --micro-batch-size 1 and size rows with --seq-length / bin_capacity",
+        ("--micro-batch-size", "2"),
         lambda value, _: value != 1),
     "train_iters": Refused(
         "--train-samples: the packing loop schedules by iterations (the final one repays the "

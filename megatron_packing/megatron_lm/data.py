@@ -23,6 +23,8 @@ import torch
 
 from megatron_packing.megatron.megatron_lm import ConsumedExamples
 from megatron_packing.packed.collate import PackedBatch
+from megatron_packing.padded.collate import PaddedBatch
+from megatron_packing.padded.sync import TokenBudgetController
 from megatron_packing.validation import ConfigError
 
 LOADER_STATE_BASENAME = "train_dataloader_dprank{dp_rank:03d}.pt"
@@ -38,9 +40,21 @@ class TrainStream:
 
     loader: Any
     counter: ConsumedExamples = field(default_factory=ConsumedExamples)
-    _iterator: Iterator[PackedBatch] | None = None
+    budget: TokenBudgetController | None = None  # padded mode: the live token budget
+    _iterator: Iterator[PackedBatch | PaddedBatch] | None = None
 
-    def __next__(self) -> PackedBatch:
+    def step_boundary(self, step: int) -> None:
+        """Before planning ``step`` (0-based): agree on a budget change (all ranks call it).
+
+        The loader's iterator is made first: on a resume, making it is what puts the saved
+        sampler state in place, and a change set before that would be overwritten by it.
+        """
+        if self.budget is not None:
+            if self._iterator is None:
+                self._iterator = iter(self.loader)
+            self.budget.step_boundary(step)
+
+    def __next__(self) -> PackedBatch | PaddedBatch:
         if self._iterator is None:
             self._iterator = iter(self.loader)
         try:
@@ -55,7 +69,10 @@ class TrainStream:
         return self
 
     def state_dict(self) -> dict[str, Any]:
-        return {"loader": self.loader.state_dict(), "counter": self.counter.state_dict()}
+        state = {"loader": self.loader.state_dict(), "counter": self.counter.state_dict()}
+        if self.budget is not None:
+            state["budget"] = self.budget.state_dict()
+        return state
 
     def save_state(self) -> dict[str, Any]:
         """What Megatron's dataloader hook stores in a checkpoint (``iterable.save_state()``)."""
@@ -64,6 +81,8 @@ class TrainStream:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.loader.load_state_dict(state["loader"])
         self.counter.load_state_dict(state["counter"])
+        if self.budget is not None and "budget" in state:
+            self.budget.load_state_dict(state["budget"])
         self._iterator = None
 
 

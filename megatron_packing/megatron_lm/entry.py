@@ -26,6 +26,7 @@ from megatron_packing.megatron.trainer_config import DataConfig
 from megatron_packing.megatron_lm.arguments import (
     add_packing_arguments,
     check_megatron_arguments,
+    check_padded_lengths,
     check_resumed_batch_size,
     resolve_packing_config,
     validation_steps,
@@ -115,6 +116,11 @@ def main(argv: list[str] | None = None, *, program_start: float | None = None) -
                                      source=args.packing_config)
     check_resumed_batch_size(args, dp_rank)
     train_ds, valid_ds = _load_datasets(data, vocab_limit=args.padded_vocab_size)
+    if not packing.use_sequence_packing:
+        for dataset, key in ((train_ds, "data.paths"), (valid_ds, "data.valid_paths")):
+            if dataset is not None:
+                check_padded_lengths(dataset.lengths, args.seq_length,
+                                     f"{args.packing_config} ({key})")
     valid_loader, eval_iters = None, 0
     if valid_ds is not None and args.eval_iters:
         valid_loader = build_sft_dataloader(valid_ds, packing, dp_rank=dp_rank, dp_size=dp_size,
@@ -143,7 +149,7 @@ def main(argv: list[str] | None = None, *, program_start: float | None = None) -
     if not args.skip_train:  # Megatron wraps the model in DDP only to train
         _wire_grad_sync(model, optimizer, args)
 
-    stream = TrainStream(loader)
+    stream = TrainStream(loader, budget=_budget_controller(args, packing, loader))
     if args.iteration > 0:
         path = restore_loader_state(stream, args.load, args.iteration, dp_rank)
         print_rank_0(f"> restored the packing loader state of iteration {args.iteration} "
@@ -159,10 +165,13 @@ def main(argv: list[str] | None = None, *, program_start: float | None = None) -
                                      cp_rank=ps.get_context_parallel_rank(),
                                      check_nan=args.check_for_nan_in_loss_and_grad,
                                      check_spiky=args.check_for_spiky_loss)
+    # Sequence parallelism splits each padded block's width over the TP ranks.
+    width_multiple = args.tensor_model_parallel_size if args.sequence_parallel else 1
     validation = None if valid_loader is None else Validation(
-        valid_loader, eval_iters, model, forward_step, dp_size, packing.pad_token_id)
+        valid_loader, eval_iters, model, forward_step, dp_size, packing.pad_token_id,
+        width_multiple)
     loop = Loop(model, optimizer, scheduler, stream, forward_step, dp_size, packing.pad_token_id,
-                validation, checkpointing_context)
+                validation, checkpointing_context, width_multiple)
     return _run(args, loop)
 
 
@@ -185,6 +194,38 @@ def run(argv: list[str] | None = None, *, program_start: float | None = None) ->
         if os.environ.get("RANK", "0") == "0":
             print(f"megatron_packing.megatron_lm: error: {error}", file=sys.stderr, flush=True)
         return 2
+
+
+def _budget_controller(args: Any, packing: Any, loader: Any) -> Any:
+    """Padded mode with a token budget: the controller that takes budget changes from the
+    control file at step boundaries, on every rank at the same step."""
+    import os
+
+    from megatron.training import print_rank_0
+
+    from megatron_packing.padded.sync import BUDGET_FILE, TokenBudgetController
+
+    budget = None if packing.use_sequence_packing else packing.padded.max_tokens_per_microbatch
+    if budget is None:
+        if args.packing_budget_file is not None:
+            raise ConfigError(
+                f"--packing-budget-file {args.packing_budget_file}: only padded mode with "
+                "packing.max_tokens_per_microbatch has a token budget to change; remove the "
+                "argument, or set use_sequence_packing: false and max_tokens_per_microbatch")
+        return None
+    if args.packing_budget_check_interval < 1:
+        raise ConfigError(f"--packing-budget-check-interval {args.packing_budget_check_interval}:"
+                          " give a number of steps >= 1")
+    control = args.packing_budget_file or (os.path.join(args.save, BUDGET_FILE) if args.save
+                                           else None)
+    print_rank_0(f"> token budget {budget} per micro-batch"
+                 + (f"; changes are read from {control}" if control else
+                    " (no --save and no --packing-budget-file: it cannot change while the job "
+                    "runs)"))
+    return TokenBudgetController(budget, control_file=control,
+                                 check_every=args.packing_budget_check_interval,
+                                 target=loader.batch_sampler,
+                                 report=lambda message: print_rank_0(f"> {message}"))
 
 
 def _given(flag: str, argv: list[str]) -> bool:

@@ -32,6 +32,7 @@ class Validation:
     forward_step: Callable
     dp_size: int
     pad_token_id: int
+    width_multiple: int = 1  # padded mode: block widths rounded up to this (sequence parallel)
 
     def losses(self) -> dict[str, float]:
         """Token-mean loss per reported key; training state untouched."""
@@ -52,7 +53,8 @@ class Validation:
                         break
                     outcome = run_step(batch, model=self.model, optimizer=None, scheduler=None,
                                        forward_step=self.forward_step, dp_size=self.dp_size,
-                                       pad_token_id=self.pad_token_id, forward_only=True)
+                                       pad_token_id=self.pad_token_id, forward_only=True,
+                                       width_multiple=self.width_multiple)
                     for key, sums in outcome.loss_sums.items():
                         totals[key] = totals.get(key, torch.zeros(2, dtype=torch.float64)) + sums
                     steps += 1

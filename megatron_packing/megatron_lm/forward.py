@@ -10,6 +10,10 @@ same positions the GPU path would give it), so the DP x CP gradient sum is the s
 With pipeline parallelism every micro-batch of a step must have one shape, so rows are padded to
 the step's longest row (not to the capacity); the padding joins the last sequence's aligned
 segment and carries no loss.
+
+In padded mode a micro-batch is a ``[b, L]`` block of right-padded examples, each at positions
+0.., under the causal mask: a real token only sees earlier tokens of its own example, so the
+padding after it changes nothing, and padded positions carry no loss.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ import torch
 
 from megatron_packing.megatron.lm_batch import cp_partition_indices
 from megatron_packing.megatron.megatron_lm import megatron_lm_loss_func
-from megatron_packing.megatron.packed_seq import block_diagonal_causal_mask
+from megatron_packing.megatron.packed_seq import block_diagonal_causal_mask, causal_mask
 from megatron_packing.packed.collate import PackedMicroBatch
+from megatron_packing.padded.collate import PaddedMicroBatch
 
 
 def pad_row(mb: PackedMicroBatch, length: int, pad_token_id: int = 0) -> PackedMicroBatch:
@@ -60,7 +65,7 @@ LossFunc = Callable[..., tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tenso
 
 def make_forward_step(*, cp_size: int = 1, cp_rank: int = 0, thd: bool | None = None,
                       check_nan: bool = False, check_spiky: bool = False
-                      ) -> Callable[[Iterator[PackedMicroBatch], Any], tuple[torch.Tensor, Any]]:
+                      ) -> Callable[[Iterator[Any], Any], tuple[torch.Tensor, Any]]:
     """The ``forward_step_func`` the schedules call once per micro-batch.
 
     ``thd`` (default: a GPU with Transformer Engine) sends rows as THD with `PackedSeqParams`;
@@ -72,9 +77,11 @@ def make_forward_step(*, cp_size: int = 1, cp_rank: int = 0, thd: bool | None = 
     use_thd = thd_available() if thd is None else thd
     loss_func = partial(megatron_lm_loss_func, check_nan=check_nan, check_spiky=check_spiky)
 
-    def forward_step(data_iterator: Iterator[PackedMicroBatch], model: Any
+    def forward_step(data_iterator: Iterator[PackedMicroBatch | PaddedMicroBatch], model: Any
                      ) -> tuple[torch.Tensor, Any]:
         mb = next(data_iterator)
+        if isinstance(mb, PaddedMicroBatch):
+            return _forward_padded(mb, model, loss_func, causal_mask_needed=not use_thd)
         if use_thd:
             return _forward_thd(mb, model, cp_size, loss_func)
         return _forward_mask(mb, model, cp_size, cp_rank, loss_func)
@@ -120,3 +127,14 @@ def _forward_thd(mb: PackedMicroBatch, model: Any, cp_size: int, loss_func: Loss
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
                    packed_seq_params=params)
     return output, partial(loss_func, batch["loss_mask"])
+
+
+def _forward_padded(mb: PaddedMicroBatch, model: Any, loss_func: LossFunc, *,
+                    causal_mask_needed: bool) -> tuple[torch.Tensor, Any]:
+    """A ``[b, L]`` block of padded examples. Transformer Engine's attention applies the causal
+    mask itself; megatron-core's local attention is given it (True where attention is barred)."""
+    device = next(model.parameters()).device
+    mask = causal_mask(int(mb.tokens.shape[1])).to(device) if causal_mask_needed else None
+    output = model(mb.tokens.to(device), mb.position_ids.to(device), mask,
+                   labels=mb.labels.to(device))
+    return output, partial(loss_func, mb.loss_mask.to(device))

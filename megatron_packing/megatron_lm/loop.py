@@ -97,6 +97,7 @@ class Loop:
     pad_token_id: int
     validation: Validation | None = None
     checkpointing_context: dict[str, Any] = field(default_factory=dict)
+    width_multiple: int = 1  # padded mode: block widths rounded up to this (sequence parallel)
 
     def save(self, iteration: int, flops_so_far: float, *, timed: bool = True) -> None:
         """Megatron's checkpoint, with this rank's loader state written by Megatron's own hook."""
@@ -157,12 +158,13 @@ def train(args: Any, loop: Loop) -> TrainResult:
     while iteration < args.train_iters:
         maybe_finalize_async_save(blocking=False)
         started = time.perf_counter()
+        stream.step_boundary(iteration)
         batch = next(stream)
         data_ms = (time.perf_counter() - started) * 1000
         args.curr_iteration = iteration
         outcome = run_step(batch, model=model, optimizer=optimizer, scheduler=loop.scheduler,
                            forward_step=loop.forward_step, dp_size=loop.dp_size,
-                           pad_token_id=loop.pad_token_id)
+                           pad_token_id=loop.pad_token_id, width_multiple=loop.width_multiple)
         if outcome.should_checkpoint:
             loop.save(iteration, flops_so_far)
         if outcome.should_exit:
@@ -172,7 +174,7 @@ def train(args: Any, loop: Loop) -> TrainResult:
         args.iteration = iteration
         args.consumed_train_samples += int(batch.meta.num_examples)
         # FLOPs as Megatron counts them: rows of --seq-length tokens (padding included).
-        step_flops = num_floating_point_operations(args, batch.meta.num_bins)
+        step_flops = num_floating_point_operations(args, rows_of_seq_length(batch, args))
         flops_so_far += step_flops
         flops_since_log += step_flops
         step_ms = (time.perf_counter() - started) * 1000
@@ -192,12 +194,17 @@ def train(args: Any, loop: Loop) -> TrainResult:
             log_to_writers(metrics, iteration)
         log.write({
             "iteration": iteration, "epoch": batch.meta.epoch,
-            "examples": [list(row.example_indices) for row in batch.micro_batches],
-            "row_lengths": [int(row.tokens.shape[1]) for row in batch.micro_batches],
+            "examples": [[] if row is None else list(row.example_indices)
+                         for row in batch.micro_batches],
+            "row_lengths": [0 if row is None else int(row.tokens.shape[1])
+                            for row in batch.micro_batches],
+            "block_rows": [0 if row is None else int(row.tokens.shape[0])
+                           for row in batch.micro_batches],
             "num_examples": batch.meta.num_examples, "num_bins": batch.meta.num_bins,
             "micro_batches": outcome.micro_batches, "seq_length": outcome.seq_length,
             "loss": outcome.loss, "lr": outcome.lr, "grad_norm": outcome.grad_norm,
             "consumed_train_samples": args.consumed_train_samples, "skipped": outcome.skipped,
+            "max_tokens": metrics.get("train/max_tokens_per_microbatch"),
             "step_ms": step_ms, "data_ms": data_ms, "compute_ms": outcome.compute_ms,
             "overhead_ms": step_ms - outcome.compute_ms, "gc_enabled": gc.isenabled(),
         })
@@ -223,6 +230,15 @@ def train(args: Any, loop: Loop) -> TrainResult:
             break
     _flush_writers()
     return result
+
+
+def rows_of_seq_length(batch: Any, args: Any) -> float:
+    """The step's global work in rows of ``--seq-length`` tokens, for Megatron's FLOPs count:
+    packed rows are that long; padded blocks count their padded tokens."""
+    padded_tokens = batch.meta.extra.get("padded_tokens")
+    if padded_tokens is None:
+        return float(batch.meta.num_bins)
+    return float(padded_tokens) / args.seq_length
 
 
 def _flush_writers() -> None:

@@ -10,19 +10,23 @@
 
 from __future__ import annotations
 
-import json
 import time
 import warnings
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-from megatron_packing.validation import require_int, require_positive_int
-
-NO_VALUE = -1
+from megatron_packing.padded.control_file import (
+    BUDGET_FILE,
+    NO_VALUE,
+    BudgetRequest,
+    read_budget_file,
+    write_budget_file,
+)
+from megatron_packing.validation import require_positive_int
 
 
 def _distributed() -> bool:
@@ -71,48 +75,6 @@ class BudgetTarget(Protocol):
     def set_max_tokens(self, max_tokens: int, from_step: int) -> None: ...
 
 
-@dataclass(frozen=True)
-class BudgetRequest:
-    """A wish to change the budget; ``version`` orders competing requests (newest wins)."""
-
-    max_tokens: int
-    version: int
-    from_step: int = NO_VALUE
-
-
-def read_budget_file(path: str | Path) -> BudgetRequest | None:
-    """Parse a control file: ``{"max_tokens_per_microbatch": N, "from_step": S}`` (JSON or YAML).
-
-    ``from_step`` is optional. The request's version is the file's modification time in
-    nanoseconds, on the same clock as `TokenBudgetController.request`. A missing, empty or
-    half-written file reads as no request.
-    """
-    path = Path(path)
-    try:
-        text = path.read_text()
-        version = path.stat().st_mtime_ns
-    except FileNotFoundError:
-        return None
-    if not text.strip():
-        return None
-    try:
-        document = json.loads(text)
-    except json.JSONDecodeError:
-        import yaml
-
-        try:
-            document = yaml.safe_load(text)
-        except yaml.YAMLError:
-            return None  # caught mid-write; the next check reads it whole
-    if not isinstance(document, dict) or "max_tokens_per_microbatch" not in document:
-        return None
-    budget = require_positive_int(f"{path}: max_tokens_per_microbatch",
-                                  document["max_tokens_per_microbatch"])
-    from_step = require_int(f"{path}: from_step", document.get("from_step", NO_VALUE),
-                            minimum=NO_VALUE)  # -1: from the first step no rank has planned
-    return BudgetRequest(budget, version, from_step)
-
-
 class TokenBudgetController:
     """Agrees run-time budget changes over a process group so all ranks switch at one step.
 
@@ -133,6 +95,7 @@ class TokenBudgetController:
         group: Any = None,
         target: BudgetTarget | None = None,
         read_on_all_ranks: bool = True,
+        report: Callable[[str], None] | None = None,
     ) -> None:
         max_tokens = require_positive_int("max_tokens", max_tokens)
         check_every = require_positive_int("check_every", check_every)
@@ -145,6 +108,11 @@ class TokenBudgetController:
         self._applied_version = NO_VALUE
         self._applied_request: tuple[int, int] | None = None
         self._pending: BudgetRequest | None = None
+        # ``report`` hears every agreed change and every refused request; without it a refusal
+        # is a warning and a change goes unsaid.
+        self._report = report
+
+        self._bad_file: str | None = None  # the last unreadable file's complaint, said once
 
     # ------------------------------------------------------------------ API
     def request(self, max_tokens: int, from_step: int | None = None) -> None:
@@ -170,8 +138,12 @@ class TokenBudgetController:
         if self.control_file is not None and (self.read_on_all_ranks or self._rank() == 0):
             try:
                 from_file = read_budget_file(self.control_file)
+                self._bad_file = None
             except ValueError as err:  # raising on one rank alone would hang the others
-                warnings.warn(f"ignoring the budget control file: {err}", stacklevel=2)
+                if str(err) != self._bad_file:
+                    self._refuse(f"ignoring the budget control file: {err}; the token budget "
+                                 f"stays {self.budget_at(self._last_step)}")
+                self._bad_file = str(err)
                 from_file = None
             if from_file is not None:
                 offers.append(from_file)
@@ -181,8 +153,11 @@ class TokenBudgetController:
     def _rank(self) -> int:
         return dist.get_rank(self.group) if _distributed() else 0
 
+    _last_step = 0
+
     def step_boundary(self, step: int) -> int:
         """Run the agreement when ``step`` is a check step; return the budget for ``step``."""
+        self._last_step = step
         if step % self.check_every == 0:
             self._agree(step)
         return self.budget_at(step)
@@ -204,17 +179,49 @@ class TokenBudgetController:
         if self._applied_request == (budget, from_step):
             return  # the same request seen again (e.g. a later copy of the file): nothing new
         self._applied_request = (budget, from_step)
+        if from_step != NO_VALUE and from_step < first_free:
+            self._refuse(f"refused the budget change to {budget} from step {from_step}: steps "
+                         f"up to {first_free - 1} are already planned; the token budget stays "
+                         f"{self.budget_at(first_free)} (ask for step {first_free} or later)")
+            return
         start = max(from_step, first_free)
         self._changes = [(s, b) for s, b in self._changes if s < start] + [(start, budget)]
         if self.target is not None:
             self.target.set_max_tokens(budget, start)
+        if self._report is not None:
+            self._report(f"token budget {budget} from step {start} (was "
+                         f"{self.budget_at(start - 1)})" if start > 0
+                         else f"token budget {budget} from step 0")
+
+    def _refuse(self, message: str) -> None:
+        if self._report is not None:
+            self._report(message)
+        else:
+            warnings.warn(message, stacklevel=3)
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        """The agreed changes and the newest request applied, so that a resumed job neither
+        forgets a change nor applies the same control file twice."""
+        return {"changes": [list(change) for change in self._changes],
+                "applied_version": self._applied_version,
+                "applied_request": None if self._applied_request is None
+                else list(self._applied_request)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._changes = [(int(s), int(b)) for s, b in state["changes"]]
+        self._applied_version = int(state["applied_version"])
+        request = state["applied_request"]
+        self._applied_request = None if request is None else (int(request[0]), int(request[1]))
 
 
 __all__ = [
+    "BUDGET_FILE",
     "BudgetRequest",
     "BudgetTarget",
     "TokenBudgetController",
     "align_microbatch_count",
     "pad_schedule",
     "read_budget_file",
+    "write_budget_file",
 ]

@@ -194,6 +194,34 @@ def launch_and_signal(nproc: int, args: list[str], log_dir: Path, *, signal_when
     return Run(proc.returncode, output, log_dir, read_records(log_dir))
 
 
+def launch_and_act(nproc: int, args: list[str], log_dir: Path, *, act_when, action,
+                   timeout: float = 240, env: dict[str, str] | None = None) -> Run:
+    """Start the entry point; once ``act_when(log_dir)``, call ``action()`` (an operator's
+    command while the job runs) and wait for the job to end by itself."""
+    proc = subprocess.Popen(torchrun_command(nproc, [*args, "--packing-log-dir", str(log_dir)]),
+                            env={**_env(), **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    acted = False
+    try:
+        while proc.poll() is None and not acted:
+            if act_when(log_dir):
+                action()
+                acted = True
+            elif time.monotonic() > deadline:
+                raise TimeoutError("the run never reached the point to act")
+            time.sleep(0.02)
+        output = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0]
+    finally:
+        if proc.poll() is None:
+            for pid in [proc.pid, *descendants(proc.pid)]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.communicate()
+    assert acted, "the run ended before the point to act"
+    return Run(proc.returncode, output, log_dir, read_records(log_dir))
+
+
 def logged_iterations(log_dir: Path, rank: int = 0) -> int:
     """The last training iteration a rank has recorded so far."""
     path = log_dir / f"steps_rank{rank}.jsonl"

@@ -14,6 +14,7 @@ from megatron_packing.megatron_lm.argument_policy import POLICY, Refused
 from megatron_packing.megatron_lm.arguments import (
     MegatronArgumentError,
     check_megatron_arguments,
+    check_padded_lengths,
     resolve_packing_config,
     validation_steps,
 )
@@ -133,10 +134,38 @@ def test_a_row_longer_than_the_model_sequence_is_refused():
     assert smaller.bin_capacity == 512
 
 
-def test_padded_mode_is_refused():
-    with pytest.raises(ConfigError, match="use_sequence_packing: false"):
-        resolve_packing_config(PackingConfig(use_sequence_packing=False), _args(), dp_size=2,
+def test_padded_mode_is_taken_with_its_budget_and_megatrons_batch_size(recwarn):
+    padded = resolve_packing_config(
+        {"use_sequence_packing": False, "max_tokens_per_microbatch": 4096},
+        _args(pipeline_model_parallel_size=1), dp_size=2,
+        explicit_keys={"use_sequence_packing", "max_tokens_per_microbatch"}, source="sft.yaml")
+    assert not padded.use_sequence_packing
+    assert padded.padded.max_tokens_per_microbatch == 4096
+    assert padded.global_batch_size == 64
+    assert not recwarn.list, "Megatron's packed-row values must not reach a padded config"
+    with pytest.raises(ConfigError, match="global_batch_size is 32.*--global-batch-size"):
+        resolve_packing_config({"use_sequence_packing": False, "global_batch_size": 32},
+                               _args(pipeline_model_parallel_size=1), dp_size=2,
+                               explicit_keys={"use_sequence_packing", "global_batch_size"},
+                               source="sft.yaml")
+
+
+@pytest.mark.parametrize(("layout", "flag"), [
+    ({"pipeline_model_parallel_size": 2}, "--pipeline-model-parallel-size 2"),
+    ({"context_parallel_size": 2}, "--context-parallel-size 2"),
+])
+def test_padded_mode_refuses_pipeline_and_context_parallelism_by_name(layout, flag):
+    args = _args(**{"pipeline_model_parallel_size": 1, **layout})
+    with pytest.raises(ConfigError, match=f"padded mode.*{flag}.*use packed mode"):
+        resolve_packing_config({"use_sequence_packing": False}, args, dp_size=2,
                                explicit_keys={"use_sequence_packing"}, source="sft.yaml")
+
+
+def test_padded_mode_refuses_examples_longer_than_the_model_sequence():
+    check_padded_lengths([10, 200, 300], 300, "sft.yaml")
+    with pytest.raises(ConfigError, match="1 example.*longer than --seq-length 256.*300 tokens"
+                                          ".*at least 300"):
+        check_padded_lengths([10, 200, 300], 256, "sft.yaml")
 
 
 @requires_megatron_lm
