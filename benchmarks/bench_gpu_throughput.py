@@ -418,12 +418,13 @@ def format_table(rows: list[Row], runtime: Runtime) -> list[str]:
 def describe(workload: Workload, runtime: Runtime, lengths: np.ndarray, params: int,
              seed: int) -> str:
     import torch
+    from megatron.core import package_info
 
     where = (f"GPU {torch.cuda.get_device_name(0)}" if runtime.on_gpu
              else f"CPU ({torch.get_num_threads()} threads)")
     spec = "Transformer Engine spec" if runtime.transformer_engine else "local spec"
     dtype = str(runtime.dtype).replace("torch.", "")
-    return (f"megatron-core GPTModel ({spec}, RoPE, {dtype}): {workload.layers} layers, hidden "
+    return (f"megatron-core {package_info.__version__} GPTModel ({spec}, RoPE, {dtype}): {workload.layers} layers, hidden "
             f"{workload.hidden}, {workload.heads} heads, FFN {workload.ffn}, vocab {workload.vocab}, "
             f"{params / 1e6:.1f}M parameters; {where}, torch {torch.__version__}. Workload: "
             f"{workload.examples} examples, log-uniform {workload.min_len}..{workload.max_len} "
