@@ -397,9 +397,10 @@ def format_table(rows: list[Row], runtime: Runtime) -> list[str]:
     memory = "peak GPU GiB" if runtime.on_gpu else "peak RSS GiB"
     lines = [
         f"| setting | micro-batches | pad eff. | fwd tok/s median | fwd tok/s slowest "
-        f"| fwd+bwd tok/s median | fwd+bwd tok/s slowest | fwd+bwd vs mbs 1 | GPU util % "
+        f"| fwd+bwd tok/s median | fwd+bwd tok/s slowest | fwd+bwd s/pass | fwd+bwd vs mbs 1 "
+        f"| GPU util % "
         f"| {memory} | note |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     base_rates = rows[0].rates.get("fwd+bwd") if rows else None
     base = statistics.median(base_rates) if base_rates else None
@@ -408,9 +409,10 @@ def format_table(rows: list[Row], runtime: Runtime) -> list[str]:
         both, both_worst = _rate(row.rates.get("fwd+bwd"))
         mine = row.rates.get("fwd+bwd")
         ratio = f"{statistics.median(mine) / base:.2f}x" if mine and base else "-"
+        seconds = f"{row.real_tokens / statistics.median(mine):.3f}" if mine else "-"
         peak = "-" if math.isnan(row.peak_gib) else f"{row.peak_gib:.2f}"
         lines.append(f"| {row.setting.label} | {row.micro_batches} | {row.pad_efficiency:.3f} "
-                     f"| {fwd} | {fwd_worst} | {both} | {both_worst} | {ratio} "
+                     f"| {fwd} | {fwd_worst} | {both} | {both_worst} | {seconds} | {ratio} "
                      f"| {row.utilisation} | {peak} | {row.note} |")
     return lines
 
@@ -421,7 +423,7 @@ def describe(workload: Workload, runtime: Runtime, lengths: np.ndarray, params: 
     from megatron.core import package_info
 
     where = (f"GPU {torch.cuda.get_device_name(0)}" if runtime.on_gpu
-             else f"CPU ({torch.get_num_threads()} threads)")
+             else f"CPU, {torch.get_num_threads()} intra-op thread(s)")
     spec = "Transformer Engine spec" if runtime.transformer_engine else "local spec"
     dtype = str(runtime.dtype).replace("torch.", "")
     return (f"megatron-core {package_info.__version__} GPTModel ({spec}, RoPE, {dtype}): {workload.layers} layers, hidden "

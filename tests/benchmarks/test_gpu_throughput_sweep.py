@@ -73,9 +73,12 @@ def test_tiny_sweep_prints_one_sane_row_per_setting(tiny_run):
         assert 0 < efficiency <= 1
         assert efficiency == pytest.approx(int(lengths.sum()) / padded, abs=5e-4)
         for column in ("fwd tok/s median", "fwd tok/s slowest", "fwd+bwd tok/s median",
-                       "fwd+bwd tok/s slowest", "fwd+bwd vs mbs 1", "peak RSS GiB"):
+                       "fwd+bwd tok/s slowest", "fwd+bwd s/pass", "fwd+bwd vs mbs 1",
+                       "peak RSS GiB"):
             assert _number(row[column]) > 0, (setting.label, column, row[column])
         assert _number(row["fwd tok/s slowest"]) <= _number(row["fwd tok/s median"])
+        seconds = int(lengths.sum()) / _number(row["fwd+bwd tok/s median"])
+        assert _number(row["fwd+bwd s/pass"]) == pytest.approx(seconds, rel=0.01, abs=1e-3)
         assert row["GPU util %"] == "n/a"  # CPU
         assert row["note"] == ""
     assert _number(rows["mbs 1"]["pad eff."]) == 1.0
