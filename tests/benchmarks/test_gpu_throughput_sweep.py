@@ -104,6 +104,27 @@ def test_bad_time_limit_is_refused_by_name():
     assert "Traceback" not in done.stderr
 
 
+# --------------------------------------------------------------------------- the micro-batches
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=24),
+       st.sampled_from([(None, 1), (None, 2), (64, 1), (300, 1), (1024, 1)]))
+def test_microbatches_hold_every_example_once_as_padded_blocks(lengths, split):
+    budget, micro_batch_size = split
+    lengths = np.asarray(lengths, dtype=np.int64)
+    setting = bench.Setting("s", budget, micro_batch_size)
+    mbs = bench.make_microbatches(lengths, setting, vocab=50, seed=3)
+    indices = [i for mb in mbs for i in mb.example_indices]
+    assert sorted(indices) == list(range(len(lengths)))
+    assert len(mbs) == len(split_rank_share(lengths, budget, micro_batch_size))
+    for mb in mbs:
+        width = int(lengths[list(mb.example_indices)].max())
+        assert mb.tokens.shape == (len(mb.example_indices), width)
+        assert mb.lengths.tolist() == lengths[list(mb.example_indices)].tolist()
+        if budget is not None and len(mb.example_indices) > 1:
+            assert mb.padded_tokens <= budget
+    assert sum(mb.num_tokens for mb in mbs) == int(lengths.sum())
+
+
 # --------------------------------------------------------------------------- the mask
 def test_mask_worked_example():
     mask = bench.padded_causal_mask(torch.tensor([3, 1]), 3, "cpu")
