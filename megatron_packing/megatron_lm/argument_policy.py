@@ -124,7 +124,7 @@ POLICY: dict[str, Honoured | Refused] = {
                            "worker pins a CUDA device, so it is not run on CPU)",
                            _FORMATS + "test_distributed_optimizer_trains_as_the_reference"),
     "non_persistent_save_interval": Honoured(
-        EXIT, _FORMATS + "test_non_persistent_checkpoint_resumes_exactly"),
+        EXIT, _RESUME),
     "non_persistent_ckpt_type": Refused(
         "--non-persistent-ckpt-type local: local non-persistent checkpoints need NVIDIA's "
         "resiliency extension and are not tested with the packing loop; use global",
@@ -136,11 +136,10 @@ POLICY: dict[str, Honoured | Refused] = {
     "exit_signal_handler": Honoured(
         EXIT + ": the signal saves a checkpoint at the next step boundary and exits 0",
         _STOPS + "test_sigterm_to_every_rank_saves_at_the_next_step_and_resumes_exactly"),
-    "exit_interval": Honoured(
-        EXIT, _STOPS + "test_exit_interval_then_exit_duration_each_save_and_resume_exactly"),
+    "exit_interval": Honoured(EXIT, _STOPS + "test_exit_interval_saves_and_resumes_exactly"),
     "exit_duration_in_mins": Honoured(
         EXIT + ", timed from the job's start",
-        _STOPS + "test_exit_interval_then_exit_duration_each_save_and_resume_exactly"),
+        _STOPS + "test_exit_duration_saves_and_resumes_exactly"),
     # ---- validation
     "eval_interval": Honoured("validation every N iterations on the validation loader",
                               _VALIDATION),

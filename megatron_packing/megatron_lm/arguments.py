@@ -113,7 +113,8 @@ def validation_steps(eval_iters: int, available: int, valid_ds: Any, batch_size:
 
 
 def check_resumed_batch_size(args: Any, dp_rank: int) -> None:
-    """On ``--load``, refuse another ``--global-batch-size`` before Megatron's scheduler does.
+    """On ``--load``, refuse a checkpoint without this rank's loader state, and another
+    ``--global-batch-size``, before the model is built and Megatron's scheduler check.
 
     The saved loader state records the B its plan was made for. Megatron's own check fires later,
     inside ``load_checkpoint``, with a message about warmup iterations that never names B.
@@ -122,7 +123,11 @@ def check_resumed_batch_size(args: Any, dp_rank: int) -> None:
 
     import torch
 
-    from megatron_packing.megatron_lm.data import checkpoint_to_load, loader_state_path
+    from megatron_packing.megatron_lm.data import (
+        checkpoint_to_load,
+        loader_state_path,
+        missing_loader_state,
+    )
 
     if not args.load or args.finetune:
         return
@@ -131,8 +136,8 @@ def check_resumed_batch_size(args: Any, dp_rank: int) -> None:
         return
     iteration, _ = found
     path = loader_state_path(args.load, iteration, dp_rank)
-    if not os.path.isfile(path):
-        return  # refused with its own message once the checkpoint is loaded
+    if not os.path.isfile(path):  # refused before the model is built and the weights read
+        raise missing_loader_state(args.load, iteration, dp_rank, path)
     state = torch.load(path, map_location="cpu", weights_only=False)
     saved = _saved_fingerprint(state).get("batch_size")
     if saved is not None and saved != args.global_batch_size:

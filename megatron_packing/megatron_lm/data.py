@@ -142,17 +142,22 @@ class LoaderStateRefused(ConfigError):
     """The saved loader state does not fit this run (another dataset, seed, B, dp, ...)."""
 
 
+def missing_loader_state(checkpoint_dir: str, iteration: int, dp_rank: int,
+                         path: str) -> LoaderStateMissing:
+    return LoaderStateMissing(
+        f"checkpoint iteration {iteration} under {checkpoint_dir} has no loader state for "
+        f"data-parallel rank {dp_rank} (expected {path}). It was not written by the "
+        "megatron_packing entry point, or with a different data-parallel size; resuming "
+        "without it would replay or skip examples. Start from a checkpoint this entry point "
+        "saved, or pass --finetune to start the data from the beginning")
+
+
 def restore_loader_state(stream: TrainStream, checkpoint_dir: str, iteration: int,
                          dp_rank: int) -> str:
     """Load the loader state saved with checkpoint ``iteration``; a clear error when absent."""
     path = loader_state_path(checkpoint_dir, iteration, dp_rank)
     if not os.path.isfile(path):
-        raise LoaderStateMissing(
-            f"checkpoint iteration {iteration} under {checkpoint_dir} has no loader state for "
-            f"data-parallel rank {dp_rank} (expected {path}). It was not written by the "
-            "megatron_packing entry point, or with a different data-parallel size; resuming "
-            "without it would replay or skip examples. Start from a checkpoint this entry point "
-            "saved, or pass --finetune to start the data from the beginning")
+        raise missing_loader_state(checkpoint_dir, iteration, dp_rank, path)
     saved = torch.load(path, map_location="cpu", weights_only=False)
     try:
         stream.load_state_dict(saved["dataloader_state_dict"])

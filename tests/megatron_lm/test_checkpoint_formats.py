@@ -1,6 +1,6 @@
-"""Megatron's optimizer and checkpoint variants under the packing loop: the distributed
-optimizer (overlapped grad reduce and param gather) trains as the reference run does, and a
-torch_dist non-persistent checkpoint, killed with SIGKILL after its save, resumes exactly."""
+"""Megatron's optimizer variants under the packing loop: the distributed optimizer (overlapped
+grad reduce and param gather) trains as the reference run does. (The non-persistent torch_dist
+checkpoint is the one the kill -9 test of test_real_loop.py resumes from.)"""
 
 from __future__ import annotations
 
@@ -8,11 +8,8 @@ import pytest
 from megatron_lm_runs import (
     DP,
     launch,
-    launch_and_kill,
-    reference_args,
     requires_megatron_lm,
     same_steps,
-    tracker_says,
     write_sft_yaml,
 )
 
@@ -34,20 +31,3 @@ def test_distributed_optimizer_trains_as_the_reference(reference, sft_data, tmp_
     assert run.returncode == 0, run.output[-4000:]
     for rank in range(DP):
         same_steps(run.steps(rank), reference.steps(rank), rel=1e-5)
-
-
-def test_non_persistent_checkpoint_resumes_exactly(reference, sft_data, tmp_path):
-    yaml = write_sft_yaml(tmp_path / "sft.yaml", sft_data)
-    save = tmp_path / "ckpt"
-    args = ["--non-persistent-save-interval", "3", "--non-persistent-ckpt-type", "global",
-            "--save-interval", "100"]
-    killed = launch_and_kill(DP, reference_args(yaml, save) + args, tmp_path / "log_1",
-                             kill_when=tracker_says(save / "non_persistent", 3))
-    assert killed.returncode == -9, killed.output[-3000:]
-    assert not (save / "latest_checkpointed_iteration.txt").exists()
-    resumed = launch(DP, reference_args(yaml, save, "--load", str(save)) + args,
-                     tmp_path / "log_2")
-    assert resumed.returncode == 0, resumed.output[-4000:]
-    assert "restored the packing loader state of iteration 3" in resumed.output
-    for rank in range(DP):
-        same_steps(resumed.steps(rank), reference.steps(rank)[3:])

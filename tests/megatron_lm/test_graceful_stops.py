@@ -1,6 +1,7 @@
 """Megatron-LM's graceful stops through the entry point, under torchrun, with real signals and
 limits: each saves a checkpoint (loader state included) at a step boundary and exits 0, and
-``--load`` then continues exactly as the uninterrupted reference run."""
+``--load`` then continues exactly as the uninterrupted reference run. The three stops are one
+chain of launches: each resumes from the checkpoint the previous stop wrote."""
 
 from __future__ import annotations
 
@@ -26,46 +27,63 @@ def _saved(save) -> int:
     return int((save / "latest_checkpointed_iteration.txt").read_text().strip())
 
 
-def _resume_matches(reference, yaml, save, log_dir, saved: int) -> None:
-    resumed = launch(DP, reference_args(yaml, save, "--load", str(save)), log_dir)
-    assert resumed.returncode == 0, resumed.output[-4000:]
-    assert f"restored the packing loader state of iteration {saved}" in resumed.output
-    for rank in range(DP):
-        same_steps(resumed.steps(rank), reference.steps(rank)[saved:])
-
-
-def test_sigterm_to_every_rank_saves_at_the_next_step_and_resumes_exactly(reference, sft_data,
-                                                                          tmp_path):
-    yaml = write_sft_yaml(tmp_path / "sft.yaml", sft_data)
-    save = tmp_path / "ckpt"
-    stopped = launch_and_signal(DP, reference_args(yaml, save, "--exit-signal-handler"),
-                                tmp_path / "log", signal_when=lambda d: logged_iterations(d) >= 2,
-                                sig=signal.SIGTERM)
-    assert stopped.returncode == 0, stopped.output[-4000:]
-    assert "exiting program after receiving SIGTERM" in stopped.output
-    saved = _saved(save)
-    last = max(s["iteration"] for s in stopped.steps(0))
-    assert saved == last and 2 <= saved < ITERS, (saved, last)
-    same_steps(stopped.steps(0), reference.steps(0)[:saved])
-    _resume_matches(reference, yaml, save, tmp_path / "log_resumed", saved)
-
-
-def test_exit_interval_then_exit_duration_each_save_and_resume_exactly(reference, sft_data,
-                                                                       tmp_path):
-    yaml = write_sft_yaml(tmp_path / "sft.yaml", sft_data)
-    save = tmp_path / "ckpt"
-    first = launch(DP, reference_args(yaml, save, "--exit-interval", "3"), tmp_path / "log_1")
-    assert first.returncode == 0, first.output[-4000:]
-    assert "exiting program at iteration 3" in first.output
-    assert _saved(save) == 3
-    same_steps(first.steps(0), reference.steps(0)[:3])
+@pytest.fixture(scope="module")
+def stops(reference, sft_data, tmp_path_factory):
+    """One run stopped three ways, each stop resumed by the next launch: SIGTERM to every rank
+    (--exit-signal-handler), then --exit-interval, then --exit-duration-in-mins."""
+    tmp = tmp_path_factory.mktemp("stops")
+    yaml = write_sft_yaml(tmp / "sft.yaml", sft_data)
+    save = tmp / "ckpt"
+    runs = {}
+    runs["sigterm"] = launch_and_signal(
+        DP, reference_args(yaml, save, "--exit-signal-handler"), tmp / "log_sigterm",
+        signal_when=lambda d: logged_iterations(d) >= 2, sig=signal.SIGTERM)
+    runs["sigterm"].saved = _saved(save)
+    assert runs["sigterm"].saved < ITERS - 2, "stopped too late to test the other stops"
+    # --exit-interval N stops after the first iteration divisible by N (the next one here).
+    interval = runs["sigterm"].saved + 1
+    runs["interval"] = launch(DP, reference_args(yaml, save, "--load", str(save),
+                                                 "--exit-interval", str(interval)),
+                              tmp / "log_interval")
+    runs["interval"].saved = _saved(save)
     # The job's clock says it started an hour ago: --exit-duration-in-mins 1 stops it after its
     # first step, and that stop saves (no save interval falls there).
-    second = launch(DP, [*reference_args(yaml, save, "--load", str(save)), "--save-interval",
-                         "100", "--exit-duration-in-mins", "1"], tmp_path / "log_2",
-                    env={"MEGATRON_PACKING_JOB_STARTED_S_AGO": "3600"})
-    assert second.returncode == 0, second.output[-4000:]
-    assert "exiting program after" in second.output and "minutes" in second.output
-    assert _saved(save) == 4
-    same_steps(second.steps(0), reference.steps(0)[3:4])
-    _resume_matches(reference, yaml, save, tmp_path / "log_3", 4)
+    runs["duration"] = launch(DP, [*reference_args(yaml, save, "--load", str(save)),
+                                   "--save-interval", "100", "--exit-duration-in-mins", "1"],
+                              tmp / "log_duration",
+                              env={"MEGATRON_PACKING_JOB_STARTED_S_AGO": "3600"})
+    runs["duration"].saved = _saved(save)
+    return runs
+
+
+def _stopped_and_resumed_exactly(run, reference, first: int) -> None:
+    """Exit 0, a checkpoint at the last trained iteration, and the same steps as the
+    uninterrupted run from iteration ``first + 1`` (after the previous stop's checkpoint)."""
+    assert run.returncode == 0, run.output[-4000:]
+    last = max(s["iteration"] for s in run.steps(0))
+    assert run.saved == last, (run.saved, last)
+    if first:
+        assert f"restored the packing loader state of iteration {first}" in run.output
+    for rank in range(DP):
+        same_steps(run.steps(rank), reference.steps(rank)[first:last])
+
+
+def test_sigterm_to_every_rank_saves_at_the_next_step_and_resumes_exactly(stops, reference):
+    run = stops["sigterm"]
+    assert "exiting program after receiving SIGTERM" in run.output
+    assert run.saved >= 2
+    _stopped_and_resumed_exactly(run, reference, 0)
+
+
+def test_exit_interval_saves_and_resumes_exactly(stops, reference):
+    run = stops["interval"]
+    assert f"exiting program at iteration {run.saved}" in run.output
+    assert run.saved == stops["sigterm"].saved + 1
+    _stopped_and_resumed_exactly(run, reference, stops["sigterm"].saved)
+
+
+def test_exit_duration_saves_and_resumes_exactly(stops, reference):
+    run = stops["duration"]
+    assert "exiting program after" in run.output and "minutes" in run.output
+    assert run.saved == stops["interval"].saved + 1
+    _stopped_and_resumed_exactly(run, reference, stops["interval"].saved)

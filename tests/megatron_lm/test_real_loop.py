@@ -110,7 +110,7 @@ def test_megatron_metric_names_reach_the_tensorboard_writer(reference):
     assert "Weight hashes match after 4 iterations" in reference.output
 
 
-def test_validation_runs_on_the_validation_loader_and_after_training(reference, tmp_path):
+def test_validation_runs_on_the_validation_loader_and_after_training(reference):
     evaluations = reference.evaluations(0)
     assert [e["iteration"] for e in evaluations] == [4, 8]
     assert all(math.isfinite(e["valid_loss"]) for e in evaluations)
@@ -118,15 +118,8 @@ def test_validation_runs_on_the_validation_loader_and_after_training(reference, 
     assert final in reference.output
     value = float(reference.output.split(final)[1].split()[0])
     assert value == pytest.approx(evaluations[-1]["valid_loss"], rel=1e-6)
-    # --skip-train on the finished run's checkpoint: no step, the same final validation.
-    yaml = reference.tmp / "sft.yaml"
-    only = launch(DP, ["--packing-config", str(yaml), "--global-batch-size", str(B),
-                       "--train-iters", str(ITERS), "--load", str(reference.tmp / "ckpt"),
-                       "--skip-train", "--eval-iters", "2"], tmp_path / "log")
-    assert only.returncode == 0, only.output[-3000:]
-    assert "skipping training (--skip-train is on)" in only.output
-    assert not only.steps(0)
-    assert float(only.output.split(final)[1].split()[0]) == pytest.approx(value, rel=1e-6)
+    # --skip-train: test_load_without_loader_state_is_refused_unless_finetune evaluates the
+    # iteration-4 weights alone and finds the reference's iteration-4 validation loss.
 
 
 def test_manual_gc_turns_automatic_collection_off(reference, killed_and_resumed):
@@ -134,30 +127,38 @@ def test_manual_gc_turns_automatic_collection_off(reference, killed_and_resumed)
     assert all(s["gc_enabled"] for s in killed_and_resumed.steps(0))
 
 
+# Persistent torch_dist checkpoints every 2 iterations, global non-persistent ones every 3.
+NON_PERSISTENT = ["--save-interval", "2", "--non-persistent-save-interval", "3",
+                  "--non-persistent-ckpt-type", "global"]
+
+
 @pytest.fixture(scope="module")
 def killed_and_resumed(reference, sft_data, tmp_path_factory):
-    """Killed with SIGKILL after its iteration-4 torch_dist checkpoint, then ``--load``."""
+    """Killed with SIGKILL right after its iteration-3 non-persistent checkpoint (the newest:
+    the persistent one is at 2), then ``--load``, which takes the newer of the two."""
     tmp = tmp_path_factory.mktemp("killed")
     yaml = write_sft_yaml(tmp / "sft.yaml", sft_data)
     save = tmp / "ckpt"
-    killed = launch_and_kill(DP, reference_args(yaml, save, "--eval-interval", "1", "--eval-iters", "4"),
-                             tmp / "log_killed", kill_when=tracker_says(save, 4))
+    killed = launch_and_kill(DP, reference_args(yaml, save, "--eval-interval", "1", "--eval-iters",
+                                                "4", *NON_PERSISTENT),
+                             tmp / "log_killed", kill_when=tracker_says(save / "non_persistent", 3))
     assert killed.returncode == -9, killed.output[-3000:]
-    assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
+    assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     # Validation (every iteration here, every 4th in the reference) did not disturb training.
     for got, want in zip(killed.steps(0), reference.steps(0), strict=False):
         assert (got["examples"], got["loss"], got["lr"]) == (want["examples"], want["loss"],
                                                             want["lr"])
-    resumed = launch(DP, reference_args(yaml, save, "--load", str(save)), tmp / "log_resumed")
+    resumed = launch(DP, reference_args(yaml, save, "--load", str(save), *NON_PERSISTENT),
+                     tmp / "log_resumed")
     assert resumed.returncode == 0, resumed.output[-4000:]
     return resumed
 
 
 def test_kill_9_after_checkpoint_then_load_matches_uninterrupted(reference, killed_and_resumed):
-    assert "restored the packing loader state of iteration 4" in killed_and_resumed.output
+    assert "restored the packing loader state of iteration 3" in killed_and_resumed.output
     assert "in torch_dist format" in killed_and_resumed.output
     for rank in range(DP):
-        same_steps(killed_and_resumed.steps(rank), reference.steps(rank)[4:])
+        same_steps(killed_and_resumed.steps(rank), reference.steps(rank)[3:])
 
 
 def test_load_without_loader_state_is_refused_unless_finetune(reference, sft_data, tmp_path):
@@ -174,12 +175,18 @@ def test_load_without_loader_state_is_refused_unless_finetune(reference, sft_dat
     run = launch(DP, reference_args(yaml, tmp_path / "unused", "--load", str(ckpt)), tmp_path / "log")
     assert run.returncode != 0
     assert "has no loader state for data-parallel rank" in run.output
+    assert "building GPT model" not in run.output, "refused only after building the model"
+    # --finetune takes the weights alone; with --skip-train the run only evaluates them: the
+    # validation loss of the reference's own evaluation at iteration 4 (the same weights).
     tuned = launch(DP, reference_args(yaml, tmp_path / "tuned", "--load", str(ckpt), "--finetune",
-                             "--exit-interval", "1"), tmp_path / "log_tuned")
+                                      "--skip-train", "--eval-iters", "2"), tmp_path / "log_tuned")
     assert tuned.returncode == 0, tuned.output[-3000:]
-    assert [s["iteration"] for s in tuned.steps(0)] == [1]
-    assert tuned.steps(0)[0]["examples"] == reference.steps(0)[0]["examples"]
-    assert tuned.steps(0)[0]["loss"] < reference.steps(0)[0]["loss"], "the weights were not loaded"
+    assert "skipping training (--skip-train is on)" in tuned.output
+    assert not tuned.steps(0)
+    final = "validation loss at iteration 0 on validation set | lm loss value: "  # --finetune
+    value = float(tuned.output.split(final)[1].split()[0])
+    at_4 = [e["valid_loss"] for e in reference.evaluations(0) if e["iteration"] == 4]
+    assert value == pytest.approx(at_4[0], rel=1e-6), "the iteration-4 weights were not loaded"
 
 
 def test_another_global_batch_size_on_load_is_refused_by_name(reference, tmp_path):
