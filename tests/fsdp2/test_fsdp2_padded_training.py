@@ -64,25 +64,36 @@ def _train(root: Path, backend: str, *, env: dict[str, str] | None = None,
 
 
 @pytest.fixture(scope="module")
-def launched(tmp_path_factory):
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("fsdp2")
+
+
+@pytest.fixture(scope="module")
+def worker_results(root):
+    """Launch 1: the padded equivalence (rank*.json) and the demo reference (reference.json)."""
     from fsdp2_workers import equivalence_and_reference
 
     from megatron_packing.megatron.launch import spawn_data_parallel
 
-    root = tmp_path_factory.mktemp("fsdp2")
     spawn_data_parallel(equivalence_and_reference, 2, str(root), _document(root, "fsdp2"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def demo_runs(root):
+    """Launch 2: the demo trainer's padded runs, one per backend."""
     runs = {}
     for backend in ("fsdp2", "megatron_ddp"):
         done = _train(root, backend)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         runs[backend] = root / f"run_{backend}"
-    return root, runs
+    return runs
 
 
-def test_padded_step_equals_per_example_reference_on_both_backends(launched):
+def test_padded_step_equals_per_example_reference_on_both_backends(worker_results):
     from fsdp2_workers import EXAMPLES, GLOBAL_BATCH
 
-    root, _ = launched
+    root = worker_results
     ranks = [json.loads((root / f"rank{r}.json").read_text()) for r in range(2)]
     assert len(ranks[0]) == -(-EXAMPLES // GLOBAL_BATCH)
     # The setup this guards: counts vary from step to step, and a step has a dummy.
@@ -102,8 +113,8 @@ def test_padded_step_equals_per_example_reference_on_both_backends(launched):
 
 
 @pytest.mark.parametrize("backend", ["fsdp2", "megatron_ddp"])
-def test_demo_padded_run_equals_single_process_reference(launched, backend):
-    root, runs = launched
+def test_demo_padded_run_equals_single_process_reference(worker_results, demo_runs, backend):
+    root, runs = worker_results, demo_runs
     reference = json.loads((root / "reference.json").read_text())
     # The budget gives the two ranks different schedules on some step (dummies needed).
     assert any(len(set(counts)) > 1 for counts in reference["plans"])
@@ -119,11 +130,10 @@ def test_demo_padded_run_equals_single_process_reference(launched, backend):
         max(counts) for counts in reference["plans"]]
 
 
-def test_fsdp2_without_the_count_agreement_fails_or_hangs(launched):
+def test_fsdp2_without_the_count_agreement_fails_or_hangs(root):
     from megatron_packing.megatron.demo_trainer import NO_COUNT_AGREEMENT_ENV
     from megatron_packing.megatron.launch import TIMEOUT_ENV
 
-    root, _ = launched
     (root / "off").mkdir()
     try:
         done = _train(root / "off", "fsdp2", timeout=240,
@@ -138,12 +148,12 @@ def test_fsdp2_without_the_count_agreement_fails_or_hangs(launched):
     assert not (root / "off" / "run_fsdp2" / "summary.json").exists()
 
 
-def test_fsdp2_stop_and_resume_equals_the_uninterrupted_run(launched):
+def test_fsdp2_stop_and_resume_equals_the_uninterrupted_run(root, demo_runs):
     """Checkpoints hold full model and optimizer state; a resume re-shards them exactly."""
     from megatron_packing.megatron.demo_trainer import RunSpec, launch_runs
     from megatron_packing.megatron.trainer_config import training_config_from_dict
 
-    root, runs = launched
+    runs = demo_runs
     cfg = training_config_from_dict(_document(root, "fsdp2"))
     out = str(root / "resumed")
     launch_runs(cfg, [RunSpec(output_dir=out, stop_after=1, use_wandb=False, quiet=True)])
