@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's package, also in the spawned ranks
 
 
 def _document(root: Path, args: argparse.Namespace, padded: dict[str, Any]) -> dict[str, Any]:

@@ -44,6 +44,7 @@ def wrap_in_fsdp2(model: torch.nn.Module, group: dist.ProcessGroup | None = None
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)  # SUM: the loss carries the 1 / N
+            module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM (float32)
     return model
 
 

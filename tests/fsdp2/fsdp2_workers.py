@@ -7,6 +7,7 @@ the dummies or the sharding.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -86,6 +87,9 @@ def padded_equivalence(rank: int, world: int, out_dir: str) -> None:
     plain = build_tiny_gpt(MODEL, vocab_size=VOCAB, max_seq_len=max_len)
     sharded = wrap_in_fsdp2(build_tiny_gpt(MODEL, vocab_size=VOCAB, max_seq_len=max_len),
                             dp_group())
+    single = dataclasses.replace(MODEL, dtype="float32")  # FSDP2's float32 reduce-scatter
+    sharded32 = wrap_in_fsdp2(build_tiny_gpt(single, vocab_size=VOCAB, max_seq_len=max_len),
+                              dp_group())
     sgd_plain = torch.optim.SGD(plain.parameters(), lr=0.5)
     sgd_sharded = torch.optim.SGD(sharded.parameters(), lr=0.5)
     group = dp_group()
@@ -108,6 +112,10 @@ def padded_equivalence(rank: int, world: int, out_dir: str) -> None:
         sharded.zero_grad(set_to_none=True)
         loss_sharded = forward_backward(sharded, batch, dp_group=group, loss_from_logits=True)
         grad_sharded = _flat_grads(sharded)
+        if plan.step == 0:  # same weights as the float64 models only before the first update
+            sharded32.zero_grad(set_to_none=True)
+            forward_backward(sharded32, batch, dp_group=group)
+            grad_rel_float32 = _rel(_flat_grads(sharded32).double(), grad_ref)
         records.append({
             "step": plan.step, "micro_batches": len(batch.micro_batches),
             "dummies": sum(mb is None for mb in batch.micro_batches),
@@ -117,6 +125,7 @@ def padded_equivalence(rank: int, world: int, out_dir: str) -> None:
             "grad_rel_plain": _rel(grad_plain, grad_ref),
             "grad_rel_sharded": _rel(grad_sharded, grad_ref),
             "grad_norm": float(grad_ref.norm()),
+            "grad_rel_float32_step0": grad_rel_float32,
         })
         sgd_plain.step()  # both models move by the padded gradient: later steps compare anew
         sgd_sharded.step()
