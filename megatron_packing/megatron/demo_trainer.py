@@ -2,7 +2,11 @@
 
 `train` launches ``train.dp_size`` processes. Each builds the dataset and this rank's
 `build_sft_dataloader`, runs megatron-core's schedule over its micro-batches each step (their
-number varies per step), sums gradients over DP and steps the optimizer. Rank 0 logs the
+number varies per step), sums gradients over DP and steps the optimizer. The steps are packed
+rows, or padded ``[b, L]`` blocks (``use_sequence_packing: false``: a token budget or a fixed
+``micro_batch_size``, every rank running the step's agreed count with zero-loss dummies).
+``train.backend`` replicates the model (``megatron_ddp``) or shards it with torch's FSDP2
+(``fsdp2``). Rank 0 logs the
 step metrics (JSONL, W&B), and all ranks checkpoint model, optimizer, LR schedule and the
 dataloader state every ``train.checkpoint_every`` steps; ``resume`` continues exactly.
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import sys
 import time
 from contextlib import ExitStack
@@ -59,6 +64,10 @@ from megatron_packing.metrics import (
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+NO_COUNT_AGREEMENT_ENV = "MEGATRON_PACKING_TEST_NO_COUNT_AGREEMENT"
+"""TEST ONLY. Set to 1, padded steps drop their dummy micro-batches, so each rank runs its own
+count. FSDP2 then fails or hangs: the tests use it to show that the count agreement is what
+keeps the ranks in step. Never set it in a real run."""
 
 
 @dataclass
@@ -157,6 +166,8 @@ def _prepare_launch(cfg: TrainingConfig, specs: list[RunSpec]) -> None:
         check_loss_targets(dataset, dataset.loss_token_counts)
     except ValueError as exc:
         raise TrainingError(str(exc)) from None
+    if not cfg.packing.use_sequence_packing:
+        _check_padded_lengths(cfg, dataset)
     if cfg.data.valid_paths:
         print("[train] warning: data.valid_paths is not read by the demo trainer (it has no "
               "validation pass); the Megatron-LM entry point evaluates on it", flush=True)
@@ -171,14 +182,39 @@ def _prepare_launch(cfg: TrainingConfig, specs: list[RunSpec]) -> None:
                 print(f"[train] resuming from {chosen}", flush=True)
 
 
+def _check_padded_lengths(cfg: TrainingConfig, dataset: Any) -> None:
+    """Padded mode: each example is one row, so the longest must fit the model's positions."""
+    limit = cfg.model.max_position_embeddings
+    if limit is None:
+        return  # the model is sized to the longest example
+    lengths = np.asarray(dataset.lengths)
+    longest = int(lengths.argmax())
+    if int(lengths[longest]) > limit:
+        raise TrainingError(
+            f"example {longest} has {int(lengths[longest])} tokens, more than "
+            f"model.max_position_embeddings ({limit}): in padded mode every example is one row "
+            f"of the model's positions; raise model.max_position_embeddings to at least "
+            f"{int(lengths.max())} or unset it (the model then has the longest example's length)")
+
+
+def model_positions(cfg: TrainingConfig, dataset: Any) -> int:
+    """The model's position count: the setting, else the packed row (bin_capacity) or, in
+    padded mode, the dataset's longest example."""
+    if cfg.model.max_position_embeddings is not None:
+        return cfg.model.max_position_embeddings
+    if cfg.packing.use_sequence_packing:
+        return cfg.packing.bin_capacity
+    return int(np.asarray(dataset.lengths).max())
+
+
 RESUME_FIXED = {
-    "train": ("lr", "min_lr", "warmup_steps", "weight_decay"),
+    "train": ("lr", "min_lr", "warmup_steps", "weight_decay", "backend"),
     "model": ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
               "max_position_embeddings", "dtype", "init_seed"),
     "data": ("loss_on", "on_bad_record"),
 }
 """Settings a checkpoint fixes: the optimizer and LR schedule restore lr, weight decay and the
-schedule's shape, the model its shapes and weights, the data options its loss masks. A changed
+schedule's shape (the backend decides the optimizer state's layout), the model its shapes and weights, the data options its loss masks. A changed
 one would be silently replaced (or fail inside torch), so a resume refuses it by name."""
 
 
@@ -240,6 +276,7 @@ def _worker(rank: int, world: int, cfg: TrainingConfig, specs: list[RunSpec]) ->
 
 def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
     from megatron_packing.loader import build_sft_dataloader
+    from megatron_packing.megatron.fsdp2 import full_state, load_full_state, wrap_in_fsdp2
     from megatron_packing.megatron.model import build_tiny_gpt
     from megatron_packing.megatron.train_step import (
         broadcast_parameters,
@@ -258,8 +295,15 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
     loader = build_sft_dataloader(dataset, cfg.packing, dp_rank=rank, dp_size=world,
                                   total_steps=tc.steps, num_workers=workers)
     model = build_tiny_gpt(cfg.model, vocab_size=_vocab_size(cfg),
-                           max_seq_len=cfg.packing.bin_capacity)
+                           max_seq_len=model_positions(cfg, dataset))
     broadcast_parameters(model, group=group)
+    sharded = tc.backend == "fsdp2"
+    if sharded:
+        model = wrap_in_fsdp2(model, group)
+    model_calls = _count_calls(model)
+    agree_counts = os.environ.get(NO_COUNT_AGREEMENT_ENV, "") != "1"
+    # float64 runs compute the cross-entropy in float64 too (megatron's works in float32).
+    loss_from_logits = cfg.model.dtype == "float64"
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay,
                                   betas=(0.9, 0.95))
     scheduler = warmup_cosine(optimizer, total_steps=tc.steps, warmup_steps=tc.warmup_steps,
@@ -271,8 +315,11 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
     if latest is not None:
         state = load_checkpoint(latest, rank)
         try:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
+            if sharded:
+                load_full_state(model, optimizer, state)
+            else:
+                model.load_state_dict(state["model"])
+                optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
         except (KeyError, RuntimeError, ValueError) as exc:
             raise TrainingError(f"checkpoint {latest} does not fit this run's model or "
@@ -291,11 +338,13 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
     if rank == 0 and not spec.quiet:
         print(f"[train] dp={world} steps {start_step}->{stop} of {tc.steps}, "
               f"B={cfg.packing.global_batch_size} v={cfg.packing.allowed_variation} "
-              f"C={cfg.packing.bin_capacity} workers={workers}", flush=True)
+              f"{_mode_text(cfg)} backend={tc.backend} workers={workers}", flush=True)
 
     def checkpoint(at: int) -> None:
+        weights = (full_state(model, optimizer) if sharded else
+                   {"model": model.state_dict(), "optimizer": optimizer.state_dict()})
         save_checkpoint(out, at, rank, {
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            **weights,
             "scheduler": scheduler.state_dict(), "dataloader": loader.state_dict(),
         }, keep=tc.checkpoint_keep, setup=setup)
 
@@ -311,6 +360,7 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
                 print(f"[train] stop requested: stopped after step {step} of {tc.steps}; "
                       f"checkpoint {latest_checkpoint(out)}; --resume continues", flush=True)
             break
+        waited = time.perf_counter()
         try:
             batch = next(iterator)
         except StopIteration:  # one iteration of the loader is one epoch; start the next
@@ -320,11 +370,19 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
             except StopIteration:
                 raise TrainingError(f"the dataloader yields no step from {len(dataset)} "
                                     "examples") from None
+        if not agree_counts:
+            batch = _own_count_only(batch)
+        began = time.perf_counter()
         result = train_step(model, optimizer, batch, scheduler=scheduler, dp_group=group,
-                            clip_grad=tc.clip_grad)
+                            clip_grad=tc.clip_grad, loss_from_logits=loss_from_logits)
+        ended = time.perf_counter()
         step += 1
         metrics = step_metrics(batch.meta, loss=result.loss, lr=result.lr)
         metrics["train/grad_norm"] = result.grad_norm
+        metrics["perf/step_seconds"] = ended - began  # rank 0's forward, backward, update
+        metrics["perf/batch_wait_seconds"] = began - waited  # waiting for the loader
+        if "padded_tokens" in batch.meta.extra:  # padded mode: b x L summed over the step
+            metrics["train/padded_tokens"] = int(batch.meta.extra["padded_tokens"])
         if logger is not None:
             logger.log(metrics, step=step - 1)
         if rank == 0 and not spec.quiet and (step % tc.log_every == 0 or step == 1):
@@ -336,14 +394,47 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
     del iterator
     if logger is not None:
         logger.finish()
-    dist.barrier()
+    calls: list[int] = [0] * world
+    dist.all_gather_object(calls, model_calls[0], group=group)
     if rank == 0:
         summary = summarize(out, total_steps=tc.steps, seconds=time.perf_counter() - started)
+        summary["model_calls_per_rank"] = calls  # this launch's forward calls, rank by rank
         (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         if cfg.logging.plot:
             plot_metrics(out)
     dist.barrier()
     return stopped_by
+
+
+def _mode_text(cfg: TrainingConfig) -> str:
+    p = cfg.packing
+    if p.use_sequence_packing:
+        return f"C={p.bin_capacity}"
+    if p.max_tokens_per_microbatch is not None:
+        return f"padded, budget {p.max_tokens_per_microbatch} tokens"
+    return f"padded, micro_batch_size {p.micro_batch_size}"
+
+
+def _count_calls(model: torch.nn.Module) -> list[int]:
+    """A one-item counter of the model's forward calls (a forward pre-hook adds 1 each call)."""
+    counter = [0]
+
+    def count(module: torch.nn.Module, args: Any) -> None:
+        counter[0] += 1
+
+    model.register_forward_pre_hook(count)
+    return counter
+
+
+def _own_count_only(batch: Any) -> Any:
+    """TEST ONLY (`NO_COUNT_AGREEMENT_ENV`): a padded step without its dummy micro-batches."""
+    from megatron_packing.padded.collate import PaddedBatch
+
+    if not isinstance(batch, PaddedBatch):
+        return batch
+    real: list[Any] = [mb for mb in batch.micro_batches if mb is not None]
+    meta = dataclasses.replace(batch.meta, micro_batches_per_rank=0)  # counts differ by rank
+    return dataclasses.replace(batch, micro_batches=real, meta=meta)
 
 
 def _make_logger(cfg: TrainingConfig, spec: RunSpec, out: Path, rank: int,

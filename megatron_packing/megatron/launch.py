@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import datetime
 import json
 import multiprocessing.connection
 import os
@@ -34,6 +35,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+TIMEOUT_ENV = "MEGATRON_PACKING_DIST_TIMEOUT_S"
+"""Seconds a collective waits for its peers before failing (default: torch's 30 minutes).
+The tests set it low, so that ranks that fell out of step fail in seconds, not half an hour."""
 _PR_SET_PDEATHSIG = 1
 _stop_request = {"signal": 0}
 
@@ -92,10 +96,28 @@ def init_data_parallel(rank: int, world_size: int, port: int | None, *, threads:
     if port is not None:
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    timeout = _timeout()
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
+    # megatron's own groups (DP among them) take their timeout in minutes (a float works).
+    minutes: Any = 30 if timeout is None else timeout.total_seconds() / 60
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1,
-                                             pipeline_model_parallel_size=1)
+                                             pipeline_model_parallel_size=1,
+                                             distributed_timeout_minutes=minutes)
     apply_cpu_workarounds()
+
+
+def _timeout() -> datetime.timedelta | None:
+    """The collectives' timeout from `TIMEOUT_ENV` (None: torch's default)."""
+    value = os.environ.get(TIMEOUT_ENV, "")
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"{TIMEOUT_ENV} must be a number of seconds > 0, got {value!r}")
+    return datetime.timedelta(seconds=seconds)
 
 
 def shutdown_data_parallel() -> None:

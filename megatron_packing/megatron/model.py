@@ -1,4 +1,8 @@
-"""A tiny megatron-core GPTModel for CPU runs, and the forward pass of one packed micro-batch."""
+"""A tiny megatron-core GPTModel for CPU runs, and the forward pass of one micro-batch.
+
+A micro-batch is a packed row (`PackedMicroBatch`, [1, T]) or a padded block
+(`PaddedMicroBatch`, [b, L], right-padded).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from megatron_packing.megatron.packed_seq import (
 )
 from megatron_packing.megatron.trainer_config import ModelConfig
 from megatron_packing.packed.collate import PackedMicroBatch
+from megatron_packing.padded.collate import PaddedMicroBatch
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -54,9 +59,27 @@ def build_tiny_gpt(cfg: ModelConfig, *, vocab_size: int, max_seq_len: int) -> to
     return model.to(dtype)
 
 
-def per_token_loss(model: torch.nn.Module, mb: PackedMicroBatch, *, thd: bool = False,
-                   loss_from_logits: bool = False) -> torch.Tensor:
-    """[1, T] cross-entropy of every position of one packed row (mask not applied).
+def padded_causal_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """[b, 1, L, L] bool, True where attention is forbidden (megatron-core's convention).
+
+    Row i holds ``lengths[i]`` real tokens then padding: query t may attend key s only if
+    s <= t and s is a real token, so padding never reaches a real token. A padding query also
+    sees itself (its output has zero loss), so no softmax row is empty, even in an empty row.
+    """
+    keys = torch.arange(width)
+    causal = keys[None, :] <= keys[:, None]  # [L, L]: key s <= query t
+    real_key = keys[None, :] < lengths.to(torch.int64)[:, None]  # [b, L]
+    allowed = causal[None] & real_key[:, None, :]
+    allowed |= torch.eye(width, dtype=torch.bool)[None]
+    return (~allowed)[:, None]
+
+
+def per_token_loss(model: torch.nn.Module, mb: PackedMicroBatch | PaddedMicroBatch, *,
+                   thd: bool = False, loss_from_logits: bool = False) -> torch.Tensor:
+    """[b, T] cross-entropy of every position of one micro-batch (mask not applied).
+
+    A packed row (b = 1) gets its block-diagonal mask and restarting positions; a padded block
+    gets each row's own positions 0..L-1 and `padded_causal_mask`.
 
     ``thd=True`` (GPUs with Transformer Engine attention) passes a THD `PackedSeqParams`;
     otherwise a block-diagonal causal mask separates the sequences (the CPU path). With
@@ -67,8 +90,13 @@ def per_token_loss(model: torch.nn.Module, mb: PackedMicroBatch, *, thd: bool = 
     tokens = mb.tokens.to(device)
     labels = mb.labels.to(device)
     positions = mb.position_ids.to(device)
-    total_len = tokens.shape[1]
-    if thd:
+    rows, total_len = tokens.shape
+    if isinstance(mb, PaddedMicroBatch):
+        if thd:
+            raise ValueError("a padded micro-batch has no THD layout: run it with thd=False")
+        mask = padded_causal_mask(mb.lengths, total_len).to(device)
+        params = None
+    elif thd:
         mask = None
         params = packed_seq_params(mb, device)
     else:
@@ -76,6 +104,6 @@ def per_token_loss(model: torch.nn.Module, mb: PackedMicroBatch, *, thd: bool = 
         params = None
     if not loss_from_logits:
         return model(tokens, positions, mask, labels=labels, packed_seq_params=params)
-    logits = model(tokens, positions, mask, packed_seq_params=params)  # [1, T, V]
-    return F.cross_entropy(logits.reshape(total_len, -1), labels.reshape(-1),
-                           reduction="none").reshape(1, total_len)
+    logits = model(tokens, positions, mask, packed_seq_params=params)  # [b, T, V]
+    return F.cross_entropy(logits.reshape(rows * total_len, -1), labels.reshape(-1),
+                           reduction="none").reshape(rows, total_len)

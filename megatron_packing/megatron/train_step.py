@@ -15,6 +15,13 @@ Two model kinds, one entry point:
   own ``finalize_model_grads`` (reduce, then divide once by the all-reduced loss-token count;
   the loss function returns raw token sums), then ``optimizer.step()`` for
   ``(update_successful, grad_norm, num_zeros_in_grad)``; clipping is the optimizer config's.
+* a torch FSDP2 model (``fully_shard``, see `megatron_packing.megatron.fsdp2`): the loss is
+  divided by N as for the plain module; FSDP2's reduce-scatter SUMS the gradient shards during
+  the backward, so the schedule's finalize does nothing; a torch optimizer steps the shards.
+
+A step is packed (`PackedBatch`: [1, T] rows) or padded (`PaddedBatch`: [b, L] blocks whose
+``None`` entries are dummies). A dummy runs as `make_dummy_microbatch`: a full forward and
+backward (so FSDP2's and DP's collectives line up across ranks) with zero loss and zero tokens.
 """
 
 from __future__ import annotations
@@ -32,9 +39,11 @@ from megatron_packing.megatron.cpu_workarounds import (
     megatron_optimizer_compat,
 )
 from megatron_packing.megatron.ddp import is_megatron_ddp, wire_megatron_grad_sync
+from megatron_packing.megatron.fsdp2 import clip_and_norm, is_fsdp2
 from megatron_packing.megatron.loss import LossFunc, make_loss_func, reduce_reported_loss
 from megatron_packing.megatron.model import per_token_loss
 from megatron_packing.packed.collate import PackedBatch, PackedMicroBatch
+from megatron_packing.padded.collate import PaddedBatch, PaddedMicroBatch, make_dummy_microbatch
 
 if TYPE_CHECKING:
     from megatron.core.optimizer import MegatronOptimizer
@@ -85,7 +94,18 @@ def _finalize_grads_sum(group: dist.ProcessGroup | None) -> Callable[..., None]:
     return finalize
 
 
-def forward_backward(model: MegatronModule, batch: PackedBatch, *,
+def _finalize_nothing(models: list[torch.nn.Module], num_tokens: torch.Tensor | None = None,
+                      **_: object) -> None:
+    """FSDP2 has reduce-scattered (summed) the gradients during the backward already."""
+
+
+def runnable_micro_batches(batch: PackedBatch | PaddedBatch
+                           ) -> list[PackedMicroBatch | PaddedMicroBatch]:
+    """The step's micro-batches with every ``None`` dummy replaced by a zero-loss one."""
+    return [make_dummy_microbatch() if mb is None else mb for mb in batch.micro_batches]
+
+
+def forward_backward(model: MegatronModule, batch: PackedBatch | PaddedBatch, *,
                      dp_group: dist.ProcessGroup | None = None, thd: bool = False,
                      loss_from_logits: bool = False, forward_only: bool = False) -> float:
     """Run this rank's micro-batches through the schedule; gradients end up DP-reduced.
@@ -96,7 +116,7 @@ def forward_backward(model: MegatronModule, batch: PackedBatch, *,
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    micro_batches = batch.micro_batches
+    micro_batches = runnable_micro_batches(batch)
     count = len(micro_batches)
     if count == 0:
         raise ValueError(f"step {batch.meta.step}: no micro-batches for this rank")
@@ -113,10 +133,13 @@ def forward_backward(model: MegatronModule, batch: PackedBatch, *,
         wire_megatron_grad_sync(model)
         if not forward_only:
             _drop_stale_grads(model)
+    elif is_fsdp2(model):
+        config.finalize_model_grads_func = _finalize_nothing
     else:
         config.finalize_model_grads_func = _finalize_grads_sum(dp_group)
 
-    def forward_step(data_iterator: Iterator[PackedMicroBatch], chunk: MegatronModule
+    def forward_step(data_iterator: Iterator[PackedMicroBatch | PaddedMicroBatch],
+                     chunk: MegatronModule
                      ) -> tuple[torch.Tensor, LossFunc]:
         mb = next(data_iterator)
         losses = per_token_loss(chunk, mb, thd=thd, loss_from_logits=loss_from_logits)
@@ -149,7 +172,7 @@ def _drop_stale_grads(model: torch.nn.Module) -> None:
 
 
 def train_step(model: MegatronModule, optimizer: torch.optim.Optimizer | MegatronOptimizer,
-               batch: PackedBatch, *,
+               batch: PackedBatch | PaddedBatch, *,
                scheduler: torch.optim.lr_scheduler.LRScheduler | OptimizerParamScheduler | None = None,
                dp_group: dist.ProcessGroup | None = None, clip_grad: float | None = None,
                thd: bool = False, loss_from_logits: bool = False) -> StepResult:
@@ -160,6 +183,9 @@ def train_step(model: MegatronModule, optimizer: torch.optim.Optimizer | Megatro
     does, and only when the update succeeded.
     """
     if is_megatron_ddp(model):
+        if isinstance(batch, PaddedBatch):
+            raise TypeError("a megatron-core DistributedDataParallel model trains packed steps "
+                            "only; train a padded step with the plain or FSDP2 model")
         return _train_step_megatron_ddp(model, optimizer, batch, scheduler=scheduler,
                                         dp_group=dp_group, clip_grad=clip_grad, thd=thd,
                                         loss_from_logits=loss_from_logits)
@@ -170,7 +196,9 @@ def train_step(model: MegatronModule, optimizer: torch.optim.Optimizer | Megatro
     loss = forward_backward(model, batch, dp_group=dp_group, thd=thd,
                             loss_from_logits=loss_from_logits)
     params = [p for p in model.parameters() if p.grad is not None]
-    if clip_grad:
+    if is_fsdp2(model):
+        norm = clip_and_norm(model, clip_grad)
+    elif clip_grad:
         norm = float(torch.nn.utils.clip_grad_norm_(params, clip_grad))
     else:
         grads = [p.grad for p in params if p.grad is not None]

@@ -28,6 +28,9 @@ from megatron_packing.validation import require_bool, require_choice, require_in
 
 WANDB_MODES = ("offline", "online", "disabled")
 DTYPES = ("float32", "float64")
+BACKENDS = ("megatron_ddp", "fsdp2")
+"""``train.backend``: ``megatron_ddp`` replicates the model and SUMs gradients over DP in
+megatron-core's schedule; ``fsdp2`` shards it with torch's ``fully_shard`` (`megatron.fsdp2`)."""
 
 
 @dataclass
@@ -57,6 +60,7 @@ class TrainConfig:
     log_every: int = 5
     num_workers: int = 0
     output_dir: str = "runs/demo_cpu"
+    backend: str = "megatron_ddp"  # one of BACKENDS
 
 
 @dataclass
@@ -154,6 +158,7 @@ def _check_train(t: TrainConfig, source: str) -> None:
     if t.min_lr > t.lr:
         c.fail("min_lr", f"<= train.lr ({t.lr})")
     c.text("output_dir")
+    c.choice("backend", BACKENDS)
 
 
 def _check_model(m: ModelConfig, packing: PackingConfig, source: str) -> None:
@@ -161,7 +166,9 @@ def _check_model(m: ModelConfig, packing: PackingConfig, source: str) -> None:
     for key in ("num_layers", "hidden_size", "num_attention_heads"):
         c.integer(key, 1)
     c.integer("ffn_hidden_size", 1, optional=True)
-    c.integer("max_position_embeddings", packing.bin_capacity, optional=True)
+    # Packed rows hold bin_capacity positions; padded blocks the longest example (see launch).
+    c.integer("max_position_embeddings", packing.bin_capacity if packing.use_sequence_packing
+              else 1, optional=True)
     c.integer("init_seed", 0)
     if m.init_seed > MAX_SEED:
         c.fail("init_seed", "at most 2**63 - 1 (torch seeds with a signed 64-bit integer)")
@@ -213,14 +220,11 @@ def _check_logging(lg: LoggingConfig, source: str) -> None:
 
 def _check_demo_packing(packing: PackingConfig, source: str) -> None:
     """What the demo trainer cannot run although the packing library accepts it."""
-    if packing.oversize_policy == "own_bin":
+    if packing.use_sequence_packing and packing.oversize_policy == "own_bin":
         raise ConfigError(
             f"{source}: packing.oversize_policy 'own_bin' is not supported by the demo trainer: "
             f"its model and collator have bin_capacity ({packing.bin_capacity}) positions, and an "
             "own_bin row is longer; use 'truncate' or 'error', or raise packing.bin_capacity")
-    if not packing.use_sequence_packing:
-        raise ConfigError(f"{source}: packing.use_sequence_packing must be true for the demo "
-                          "trainer (it trains packed THD rows), got false")
 
 
 def check_paths_exist(cfg: TrainingConfig, source: str = "config") -> None:

@@ -46,6 +46,8 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
     ("train__min_lr", 1.0, "train.min_lr must be <= train.lr (0.01), got 1.0"),
     ("train__seed", 7, "train.seed is not a key any more: the example order's seed is packing.seed"),
     ("packing__oversize_policy", "own_bin", "'own_bin' is not supported by the demo trainer"),
+    ("train__backend", "deepspeed",
+     "train.backend must be one of megatron_ddp, fsdp2; got 'deepspeed'"),
     ("model__num_attention_heads", 3, "model.num_attention_heads must be a divisor of"),
     ("data__paths", ["/nonexistent/x.jsonl"], "data.paths[0] '/nonexistent/x.jsonl' does not exist"),
     ("logging__wandb_mode", "cloud", "logging.wandb_mode must be one of offline, online, disabled"),
