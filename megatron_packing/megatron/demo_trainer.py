@@ -381,8 +381,6 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
         metrics["train/grad_norm"] = result.grad_norm
         metrics["perf/step_seconds"] = ended - began  # rank 0's forward, backward, update
         metrics["perf/batch_wait_seconds"] = began - waited  # waiting for the loader
-        if "padded_tokens" in batch.meta.extra:  # padded mode: b x L summed over the step
-            metrics["train/padded_tokens"] = int(batch.meta.extra["padded_tokens"])
         if logger is not None:
             logger.log(metrics, step=step - 1)
         if rank == 0 and not spec.quiet and (step % tc.log_every == 0 or step == 1):
