@@ -246,3 +246,31 @@ def test_moe_is_refused_where_megatron_cores_router_cannot_run(monkeypatch):
         check_megatron_arguments(args)
     monkeypatch.setattr(moe_utils, "te_general_gemm", None, raising=False)
     check_megatron_arguments(args)
+
+
+def _budget_args(**overrides):
+    values = dict(packing_budget_file=None, packing_budget_check_interval=1, save=None)
+    values.update(overrides)
+    return SimpleNamespace(**values)
+
+
+@requires_megatron_lm
+def test_the_budget_arguments_are_honoured_or_refused(tmp_path):
+    from megatron_packing.megatron_lm.entry import _budget_controller
+
+    packed = PackingConfig()
+    with pytest.raises(ConfigError, match="--packing-budget-file .* only padded mode"):
+        _budget_controller(_budget_args(packing_budget_file="b.json"), packed, None)
+    assert _budget_controller(_budget_args(), packed, None) is None
+    padded = PackingConfig(use_sequence_packing=False, max_tokens_per_microbatch=4096)
+    with pytest.raises(ConfigError, match="--packing-budget-check-interval 0"):
+        _budget_controller(_budget_args(packing_budget_check_interval=0), padded, None)
+    loader = SimpleNamespace(batch_sampler=None)
+    controller = _budget_controller(_budget_args(save=str(tmp_path),
+                                                 packing_budget_check_interval=5), padded, loader)
+    assert controller.control_file == tmp_path / "token_budget.json"
+    assert controller.check_every == 5
+    assert controller.budget_at(0) == 4096
+    named = _budget_controller(_budget_args(packing_budget_file=str(tmp_path / "x.json")),
+                               padded, loader)
+    assert named.control_file == tmp_path / "x.json"
