@@ -167,40 +167,29 @@ def launch_and_signal(nproc: int, args: list[str], log_dir: Path, *, signal_when
                       sig: signal.Signals = signal.SIGTERM, timeout: float = 240) -> Run:
     """Start the entry point; once ``signal_when(log_dir)``, send ``sig`` to every rank (as a
     cluster scheduler does before preempting a job) and wait for the job to end by itself."""
-    proc = subprocess.Popen(torchrun_command(nproc, [*args, "--packing-log-dir", str(log_dir)]),
-                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    deadline = time.monotonic() + timeout
-    signalled = False
-    try:
-        while proc.poll() is None and not signalled:
-            if signal_when(log_dir):
-                ranks = rank_processes(proc.pid)
-                assert len(ranks) == nproc, f"found {len(ranks)} ranks, expected {nproc}"
-                for pid in ranks:
-                    os.kill(pid, sig)
-                signalled = True
-            elif time.monotonic() > deadline:
-                raise TimeoutError("the run never reached the signal point")
-            time.sleep(0.02)
-        output = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0]
-    finally:
-        if proc.poll() is None:
-            for pid in [proc.pid, *descendants(proc.pid)]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            proc.communicate()
-    assert signalled, "the run ended before the signal point"
-    return Run(proc.returncode, output, log_dir, read_records(log_dir))
+    launcher: list[int] = []
+
+    def signal_every_rank() -> None:
+        ranks = rank_processes(launcher[0])
+        assert len(ranks) == nproc, f"found {len(ranks)} ranks, expected {nproc}"
+        for pid in ranks:
+            os.kill(pid, sig)
+
+    return launch_and_act(nproc, args, log_dir, act_when=signal_when, action=signal_every_rank,
+                          timeout=timeout, started=launcher.append)
 
 
 def launch_and_act(nproc: int, args: list[str], log_dir: Path, *, act_when, action,
-                   timeout: float = 240, env: dict[str, str] | None = None) -> Run:
+                   timeout: float = 240, env: dict[str, str] | None = None,
+                   started=None) -> Run:
     """Start the entry point; once ``act_when(log_dir)``, call ``action()`` (an operator's
-    command while the job runs) and wait for the job to end by itself."""
+    command, or a scheduler's signal, while the job runs) and wait for the job to end by itself.
+    ``started(pid)`` hears torchrun's process id."""
     proc = subprocess.Popen(torchrun_command(nproc, [*args, "--packing-log-dir", str(log_dir)]),
                             env={**_env(), **(env or {})}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    if started is not None:
+        started(proc.pid)
     deadline = time.monotonic() + timeout
     acted = False
     try:
@@ -231,12 +220,16 @@ def logged_iterations(log_dir: Path, rank: int = 0) -> int:
     return max((r["iteration"] for r in done if "examples" in r), default=0)
 
 
-def write_sft_yaml(path: Path, data_dir: Path, **packing: object) -> Path:
-    """A training YAML over a slice of the shipped demo chats and tokenizer."""
-    lines = ["packing:", "  align_packing_bins_to_dp: true",
-             "  packing_batch_size_allowed_variation: 0.2", "  oversize_policy: truncate",
-             "  seed: 1234"]
-    lines += [f"  {key}: {json.dumps(value)}" for key, value in packing.items()]
+PACKED_KEYS = {"align_packing_bins_to_dp": True, "packing_batch_size_allowed_variation": 0.2,
+               "oversize_policy": "truncate"}
+
+
+def write_sft_yaml(path: Path, data_dir: Path, *, padded: bool = False, **packing: object) -> Path:
+    """A training YAML over a slice of the shipped demo chats and tokenizer: packed and DP-aligned,
+    or with ``padded`` the padded mode (``use_sequence_packing: false``), plus ``packing`` keys."""
+    base = {"use_sequence_packing": False} if padded else PACKED_KEYS
+    lines = ["packing:", *(f"  {key}: {json.dumps(value)}"
+                           for key, value in {**base, "seed": 1234, **packing}.items())]
     lines += ["data:", f"  paths: [{data_dir / 'train.jsonl'}]",
               f"  valid_paths: [{data_dir / 'valid.jsonl'}]",
               f"  tokenizer: {PROJECT / 'examples' / 'tokenizer'}",

@@ -15,7 +15,6 @@ Three launches with the model in float64:
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ from megatron_lm_runs import (
     launch_and_act,
     logged_iterations,
     requires_megatron_lm,
+    write_sft_yaml,
 )
 
 pytestmark = [requires_megatron_lm, pytest.mark.slow]
@@ -35,17 +35,6 @@ B, ITERS, BUDGET, NEW_BUDGET, CHANGE_STEP = 16, 7, 1536, 1024, 5
 # The demo chats run to 1,483 tokens: the model's positions must cover the longest one whole.
 LONG_ROWS = ["--seq-length", "1536", "--max-position-embeddings", "1536"]
 FLOAT64 = {"MEGATRON_PACKING_TEST_FLOAT64": "1"}
-
-
-def write_padded_yaml(path: Path, data_dir: Path, **padded: object) -> Path:
-    lines = ["packing:", "  use_sequence_packing: false", "  seed: 1234"]
-    lines += [f"  {key}: {json.dumps(value)}" for key, value in padded.items()]
-    lines += ["data:", f"  paths: [{data_dir / 'train.jsonl'}]",
-              f"  valid_paths: [{data_dir / 'valid.jsonl'}]",
-              f"  tokenizer: {PROJECT / 'examples' / 'tokenizer'}",
-              f"  cache_dir: {data_dir / 'cache'}"]
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def _args(yaml: Path, *extra: str) -> list[str]:
@@ -64,7 +53,7 @@ def _budget_command(save: Path) -> None:
 @pytest.fixture(scope="module")
 def budgeted(sft_data, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("padded")
-    yaml = write_padded_yaml(tmp / "sft.yaml", sft_data, max_tokens_per_microbatch=BUDGET)
+    yaml = write_sft_yaml(tmp / "sft.yaml", sft_data, padded=True, max_tokens_per_microbatch=BUDGET)
     save = tmp / "ckpt"
     save.mkdir()
     run = launch_and_act(2, _args(yaml, "--save", str(save), "--save-interval", "3"),
@@ -78,7 +67,7 @@ def budgeted(sft_data, tmp_path_factory):
 @pytest.fixture(scope="module")
 def unpacked(sft_data, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("unpacked")
-    yaml = write_padded_yaml(tmp / "sft.yaml", sft_data, micro_batch_size=1)
+    yaml = write_sft_yaml(tmp / "sft.yaml", sft_data, padded=True, micro_batch_size=1)
     run = launch(1, _args(yaml), tmp / "log", env=FLOAT64)
     assert run.returncode == 0, run.output[-4000:]
     return run
