@@ -177,7 +177,7 @@ def start_megatron(on_gpu: bool, seed: int) -> None:
     if on_gpu:
         torch.cuda.set_device(0)
     if not dist.is_initialized():
-        from megatron_packing.megatron.launch import free_port
+        from megatron_packing.demo.launch import free_port
 
         dist.init_process_group("nccl" if on_gpu else "gloo",
                                 init_method=f"tcp://127.0.0.1:{free_port()}", world_size=1, rank=0)

@@ -47,9 +47,9 @@ def _percentile(values: list[float], q: float) -> float:
 
 def run_setting(root: Path, name: str, args: argparse.Namespace,
                 padded: dict[str, Any]) -> dict[str, Any]:
-    from megatron_packing.megatron.demo_trainer import RunSpec, launch_runs
-    from megatron_packing.megatron.trainer_config import training_config_from_dict
-    from megatron_packing.metrics import read_jsonl
+    from megatron_packing.config.training import training_config_from_dict
+    from megatron_packing.demo.trainer import RunSpec, launch_runs
+    from megatron_packing.loader.metrics import read_jsonl
 
     cfg = training_config_from_dict(_document(root, args, padded))
     out = root / name

@@ -26,7 +26,7 @@ from report import Report  # noqa: E402
 
 from megatron_packing.packing import rebin  # noqa: E402
 from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES, PlannerTunables  # noqa: E402
-from megatron_packing.simulation import (  # noqa: E402
+from megatron_packing.reports.simulation import (  # noqa: E402
     SimulationResult,
     find_pool_dir,
     load_pools,

@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from report import Report  # noqa: E402
 
-from megatron_packing.simulation import (  # noqa: E402
+from megatron_packing.common.validation import allowed_batch_variation  # noqa: E402
+from megatron_packing.reports.simulation import (  # noqa: E402
     ceiling_aligned_steps,
     compare,
     find_pool_dir,
@@ -30,7 +31,6 @@ from megatron_packing.simulation import (  # noqa: E402
     load_pools,
     mixed_stream,
 )
-from megatron_packing.validation import allowed_batch_variation  # noqa: E402
 
 GEOMETRIES = ((1024, 65536, 4), (1024, 65536, 8), (256, 16384, 8), (512, 32768, 16),
               (128, 4096, 8), (128, 4096, 4))

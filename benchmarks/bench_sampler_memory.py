@@ -39,9 +39,9 @@ def child(examples: int, order: str, steps: int, batch: int, capacity: int, dp: 
     import numpy as np
     import torch
 
-    from megatron_packing.base_order import SeededRandomOrder
     from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
-    from megatron_packing.simulation import find_pool_dir, load_pools, mixed_stream
+    from megatron_packing.reports.simulation import find_pool_dir, load_pools, mixed_stream
+    from megatron_packing.stream.base_order import SeededRandomOrder
 
     class ListOrder(torch.utils.data.Sampler):
         """The seeded order, iterated from a Python list of the whole epoch."""

@@ -25,14 +25,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from report import Report  # noqa: E402
 
-from megatron_packing.simulation import (  # noqa: E402
+from megatron_packing.common.validation import allowed_batch_variation  # noqa: E402
+from megatron_packing.reports.simulation import (  # noqa: E402
     find_pool_dir,
     load_pools,
     mixed_stream,
     simulate,
     simulate_exhaustive,
 )
-from megatron_packing.validation import allowed_batch_variation  # noqa: E402
 
 
 def main() -> None:

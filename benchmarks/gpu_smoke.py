@@ -74,7 +74,7 @@ def packed_against_unpacked(work: Path, te: bool) -> tuple[bool, str]:
 
     from megatron_packing.config import PackingConfig
     from megatron_packing.data import load_sft_dataset
-    from megatron_packing.loader import build_sft_dataloader
+    from megatron_packing.loader.dataloader import build_sft_dataloader
     from megatron_packing.megatron.packed_seq import block_diagonal_causal_mask, packed_seq_params
 
     torch.distributed.init_process_group("nccl", init_method="tcp://127.0.0.1:29533",

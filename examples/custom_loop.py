@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 from megatron_packing import PackingConfig, build_sft_dataloader, load_sft_dataset
 from megatron_packing.data.tokenize import load_tokenizer
+from megatron_packing.loader.metrics import step_metrics
 from megatron_packing.megatron.packed_seq import block_diagonal_causal_mask
-from megatron_packing.metrics import step_metrics
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,16 +1,12 @@
 """DP-aligned sequence packing for Megatron supervised fine-tuning.
 
 The public names are re-exported lazily, so that ``import megatron_packing.packing`` (pure
-numpy) never pulls in torch, megatron-core or transformers. Modules that moved into the
-``packed/`` and ``padded/`` folders stay importable under their earlier names.
+numpy) never pulls in torch, megatron-core or transformers.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
-import sys
 from typing import Any
 
 __version__ = "0.1.0"
@@ -28,14 +24,14 @@ _EXPORTS: dict[str, str] = {
     "make_token_balanced_microbatches": "megatron_packing.packing.microbatch",
     # sampler, collator, config, loader (torch)
     "DPAlignedPackingBatchSampler": "megatron_packing.packed.sampler",
-    "StepPlan": "megatron_packing.plan_types",
+    "StepPlan": "megatron_packing.common.plan_types",
     "PackedCollator": "megatron_packing.packed.collate",
     "PackedBatch": "megatron_packing.packed.collate",
     "PackedMicroBatch": "megatron_packing.packed.collate",
-    "StepMetadata": "megatron_packing.plan_types",
+    "StepMetadata": "megatron_packing.common.plan_types",
     "PackingConfig": "megatron_packing.config",
     "load_config": "megatron_packing.config",
-    "build_sft_dataloader": "megatron_packing.loader",
+    "build_sft_dataloader": "megatron_packing.loader.dataloader",
     "align_microbatch_count": "megatron_packing.padded.sync",
     # data
     "load_sft_dataset": "megatron_packing.data",
@@ -43,34 +39,6 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-_MOVED_MODULES: dict[str, str] = {
-    "megatron_packing.sampler": "megatron_packing.packed.sampler",
-    "megatron_packing.collate": "megatron_packing.packed.collate",
-    "megatron_packing.padded_sampler": "megatron_packing.padded.sampler",
-    "megatron_packing.padded_collate": "megatron_packing.padded.collate",
-    "megatron_packing.microbatch_sync": "megatron_packing.padded.sync",
-}
-
-
-class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves an earlier module path as the module that now lives elsewhere (the same object)."""
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname not in _MOVED_MODULES:
-            return None
-        return importlib.util.spec_from_loader(fullname, self)
-
-    def create_module(self, spec: Any) -> Any:
-        return importlib.import_module(_MOVED_MODULES[spec.name])
-
-    def exec_module(self, module: Any) -> None:
-        """Nothing to run: the module was executed under its new name."""
-
-
-if not any(isinstance(finder, _MovedModuleFinder) for finder in sys.meta_path):
-    sys.meta_path.append(_MovedModuleFinder())
-
 
 def __getattr__(name: str) -> Any:
     module_name = _EXPORTS.get(name)

@@ -9,20 +9,20 @@ from collections.abc import Sequence
 
 def _train(args: argparse.Namespace) -> int:
     """Check everything that can be checked, then train (spawning ranks, or under torchrun)."""
+    from megatron_packing.common.validation import require_positive_int
     from megatron_packing.config import ConfigError
+    from megatron_packing.config.training import load_training_config
     from megatron_packing.data import BadRecordError, CorruptStoreError
-    from megatron_packing.megatron.checkpoint import CheckpointError
-    from megatron_packing.megatron.demo_trainer import (
+    from megatron_packing.demo.checkpoint import CheckpointError
+    from megatron_packing.demo.launch import RankFailed, RunInterrupted, is_main_process
+    from megatron_packing.demo.run_dir import OutputDirHoldsRun
+    from megatron_packing.demo.run_lock import OutputDirInUse
+    from megatron_packing.demo.trainer import (
         PeerFailed,
         TrainingError,
         format_summary,
         train,
     )
-    from megatron_packing.megatron.launch import RankFailed, RunInterrupted, is_main_process
-    from megatron_packing.megatron.run_dir import OutputDirHoldsRun
-    from megatron_packing.megatron.run_lock import OutputDirInUse
-    from megatron_packing.megatron.trainer_config import load_training_config
-    from megatron_packing.validation import require_positive_int
 
     try:
         cfg = load_training_config(args.config)
@@ -64,7 +64,7 @@ def _simulate(argv: Sequence[str]) -> int:
         from megatron_packing.reports.commands import simulate_command
 
         return simulate_command(argv)
-    from megatron_packing.simulation import run_simulation
+    from megatron_packing.reports.simulation import run_simulation
 
     result = run_simulation(list(argv))
     return result if isinstance(result, int) else 0
@@ -83,7 +83,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _inspect_config(args: argparse.Namespace) -> int:
     from megatron_packing.config import PackingConfig, read_yaml_mapping
-    from megatron_packing.megatron.trainer_config import training_config_from_dict
+    from megatron_packing.config.training import training_config_from_dict
 
     document = read_yaml_mapping(args.config)
     if isinstance(document, dict) and "packing" in document:

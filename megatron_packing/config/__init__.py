@@ -5,6 +5,11 @@
 the files.
 """
 
+from megatron_packing.common.validation import (
+    ConfigError,
+    allowed_batch_variation,
+    check_batch_window,
+)
 from megatron_packing.config.components import (
     BASE_ORDERS,
     COMPONENTS,
@@ -27,7 +32,6 @@ from megatron_packing.config.components import (
 )
 from megatron_packing.config.packing_config import PackingConfig, load_config
 from megatron_packing.config.yaml_io import dataclass_from_mapping, read_yaml_mapping
-from megatron_packing.validation import ConfigError, allowed_batch_variation, check_batch_window
 
 __all__ = [
     "BASE_ORDERS",

@@ -25,11 +25,7 @@ from dataclasses import MISSING, dataclass, fields
 from functools import cache, cached_property
 from typing import Any, TypeVar, cast
 
-from megatron_packing.packing.alignment import FP8_RECIPES, Alignment, make_alignment
-from megatron_packing.packing.balance import DEFAULT_ATTENTION_COST_CONSTANT
-from megatron_packing.packing.microbatch import SPLIT_METHODS, SplitMethod
-from megatron_packing.packing.planner.tunables import DEFAULT_LOOKAHEAD_STEPS
-from megatron_packing.validation import (
+from megatron_packing.common.validation import (
     ConfigError,
     allowed_batch_variation,
     check_batch_window,
@@ -39,6 +35,10 @@ from megatron_packing.validation import (
     require_number,
     require_positive_int,
 )
+from megatron_packing.packing.alignment import FP8_RECIPES, Alignment, make_alignment
+from megatron_packing.packing.balance import DEFAULT_ATTENTION_COST_CONSTANT
+from megatron_packing.packing.microbatch import SPLIT_METHODS, SplitMethod
+from megatron_packing.packing.planner.tunables import DEFAULT_LOOKAHEAD_STEPS
 
 PACKING_ALGORITHMS = ("mffd", "ffd", "bfd")
 OVERSIZE_POLICIES = ("error", "truncate", "own_bin")

@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from megatron_packing.validation import ConfigError
+from megatron_packing.common.validation import ConfigError
 
 PADDED_ONLY_KEYS = ("max_tokens_per_microbatch", "micro_batch_size")
 """Refused when ``use_sequence_packing`` is true."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from megatron_packing.common.validation import ConfigError, check_batch_window, require_positive_int
 from megatron_packing.config.components import (
     COMPONENTS,
     YAML_KEYS,
@@ -29,7 +30,6 @@ from megatron_packing.config.components import (
 from megatron_packing.config.mode_keys import check_mode_keys
 from megatron_packing.config.yaml_io import check_mapping, read_yaml_mapping, unknown_key_message
 from megatron_packing.packing.alignment import Alignment
-from megatron_packing.validation import ConfigError, check_batch_window, require_positive_int
 
 
 @dataclass(frozen=True, init=False)

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from megatron_packing.validation import ConfigError
+from megatron_packing.common.validation import ConfigError
 
 
 class DuplicateKeyError(yaml.MarkedYAMLError):

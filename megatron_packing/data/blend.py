@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from megatron_packing.validation import require_number
+from megatron_packing.common.validation import require_number
 
 
 def validate_weights(weights: Sequence[object], num_sources: int) -> list[float]:

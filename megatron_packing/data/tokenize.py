@@ -29,7 +29,7 @@ from typing import Any
 import jinja2
 import numpy as np
 
-from megatron_packing.validation import require_int
+from megatron_packing.common.validation import require_int
 
 from .errors import LOSS_ON_CHOICES, SPECIAL_TOKENS_IN_CONTENT_CHOICES, RecordProblem, check_choice
 from .records import Conversation, Messages

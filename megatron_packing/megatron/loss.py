@@ -21,7 +21,7 @@ How it composes with megatron-core's schedule and DP reduction (model config
 Megatron-LM's own loop reaches the same result differently (``--calculate-per-token-loss``:
 the loss returns the raw sum and its token count, DDP sums gradients, and
 ``finalize_model_grads`` divides by the all-reduced count, which equals N); see
-`megatron_packing.megatron.megatron_lm.megatron_lm_loss_func`.
+`megatron_packing.megatron.step_accounting.megatron_lm_loss_func`.
 
 With a megatron-core ``DistributedDataParallel`` model `train_step` takes Megatron's route
 instead: the loss function returns the raw token sum (``make_loss_func(..., raw_sum=True)``),

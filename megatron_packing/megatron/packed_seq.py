@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from megatron_packing.common.validation import require_int
 from megatron_packing.packed.collate import PackedMicroBatch
-from megatron_packing.validation import require_int
 
 if TYPE_CHECKING:
     from megatron.core.packed_seq_params import PackedSeqParams

@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from megatron_packing.megatron.megatron_lm import ConsumedExamples
+from megatron_packing.common.validation import ConfigError
+from megatron_packing.megatron.step_accounting import ConsumedExamples
 from megatron_packing.packed.collate import PackedBatch
 from megatron_packing.padded.collate import PaddedBatch
 from megatron_packing.padded.sync import TokenBudgetController
-from megatron_packing.validation import ConfigError
 
 LOADER_STATE_BASENAME = "train_dataloader_dprank{dp_rank:03d}.pt"
 

@@ -22,7 +22,7 @@ from functools import partial
 from typing import Any
 
 from megatron_packing.config import ConfigError
-from megatron_packing.megatron.trainer_config import DataConfig
+from megatron_packing.config.training import DataConfig
 from megatron_packing.megatron_lm.arguments import (
     add_packing_arguments,
     check_megatron_arguments,
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None, *, program_start: float | None = None) -
     from megatron.training.initialize import initialize_megatron
     from megatron.training.training import set_startup_timestamps, setup_model_and_optimizer
 
-    from megatron_packing.loader import build_sft_dataloader
+    from megatron_packing.loader.dataloader import build_sft_dataloader
     from megatron_packing.megatron.cpu_workarounds import cpu_only, megatron_optimizer_compat
     from megatron_packing.megatron_lm.evaluation import Validation
     from megatron_packing.megatron_lm.forward import make_forward_step

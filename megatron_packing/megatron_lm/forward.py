@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from megatron_packing.megatron.lm_batch import cp_partition_indices
-from megatron_packing.megatron.megatron_lm import megatron_lm_loss_func
 from megatron_packing.megatron.packed_seq import block_diagonal_causal_mask, causal_mask
+from megatron_packing.megatron.step_accounting import megatron_lm_loss_func
 from megatron_packing.packed.collate import PackedMicroBatch
 from megatron_packing.padded.collate import PaddedMicroBatch
 

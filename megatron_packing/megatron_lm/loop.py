@@ -32,11 +32,11 @@ from typing import Any
 
 import torch
 
+from megatron_packing.loader.metrics import step_metrics
 from megatron_packing.megatron.cpu_workarounds import cuda_factories_on_cpu
 from megatron_packing.megatron_lm.data import TrainStream, checkpoint_hook
 from megatron_packing.megatron_lm.evaluation import Validation
 from megatron_packing.megatron_lm.step import run_step
-from megatron_packing.metrics import step_metrics
 
 
 class StepLog:

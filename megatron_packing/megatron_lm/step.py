@@ -20,7 +20,7 @@ from megatron_packing.megatron.cpu_workarounds import (
     cuda_factories_on_cpu,
     megatron_optimizer_compat,
 )
-from megatron_packing.megatron.megatron_lm import sync_num_microbatches
+from megatron_packing.megatron.step_accounting import sync_num_microbatches
 from megatron_packing.megatron_lm.forward import pad_row
 from megatron_packing.packed.collate import PackedBatch, PackedMicroBatch
 from megatron_packing.padded.collate import PaddedBatch, PaddedMicroBatch, make_dummy_microbatch

@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from megatron_packing.common.plan_types import StepMetadata
+from megatron_packing.common.validation import require_positive_int
 from megatron_packing.config.components import CollatorConfig, config_or_keywords
 from megatron_packing.packing.alignment import Alignment
-from megatron_packing.plan_types import StepMetadata
-from megatron_packing.validation import require_positive_int
 
 
 @dataclass

@@ -6,11 +6,11 @@ from typing import Any
 
 import numpy as np
 
-from megatron_packing.base_order import make_base_order
 from megatron_packing.config import PackingConfig
-from megatron_packing.fetch import PlannedDataset, check_loss_targets
 from megatron_packing.packed.collate import PackedCollator
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
+from megatron_packing.stream.base_order import make_base_order
+from megatron_packing.stream.fetch import PlannedDataset, check_loss_targets
 
 
 def check_not_empty(dataset: Any) -> None:

@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from megatron_packing.base_order import EpochOrder
+from megatron_packing.common.plan_types import StepPlan, TupleSequence
+from megatron_packing.common.validation import require_int, require_positive_int
 from megatron_packing.config.components import PackedSamplerConfig, config_or_keywords
 from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, imbalance
 from megatron_packing.packing.factory import make_seq_packer
@@ -29,10 +30,13 @@ from megatron_packing.packing.planner.feasibility import alignment_remedy
 from megatron_packing.packing.planner.sizer import StepSizer
 from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES
 from megatron_packing.packing.planner.window import StepContext
-from megatron_packing.plan_types import StepPlan, TupleSequence
-from megatron_packing.state_checks import check_fingerprint, check_state_fields, check_state_keys
-from megatron_packing.step_stream import OrderPosition, StepStream
-from megatron_packing.validation import require_int, require_positive_int
+from megatron_packing.stream.base_order import EpochOrder
+from megatron_packing.stream.state_checks import (
+    check_fingerprint,
+    check_state_fields,
+    check_state_keys,
+)
+from megatron_packing.stream.step_stream import OrderPosition, StepStream
 
 STATE_FORMAT_VERSION = 1
 STATE_KEYS = ("version", "fingerprint", "order", "carry", "step", "step_in_epoch", "drift")

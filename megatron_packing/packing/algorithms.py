@@ -22,7 +22,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from megatron_packing.validation import require_int
+from megatron_packing.common.validation import require_int
 
 from .alignment import Alignment
 from .fit import best_fit_decreasing, first_fit_decreasing, group_by_bin

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from megatron_packing.validation import require_positive_int
+from megatron_packing.common.validation import require_positive_int
 
 FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
 

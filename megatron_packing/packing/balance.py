@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from megatron_packing.validation import require_positive_int
+from megatron_packing.common.validation import require_positive_int
 
 DEFAULT_ATTENTION_COST_CONSTANT = 24576.0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from megatron_packing.validation import require_positive_int
+from megatron_packing.common.validation import require_positive_int
 
 from .algorithms import (
     BFDPacker,

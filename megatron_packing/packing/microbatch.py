@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from megatron_packing.validation import require_positive_int
+from megatron_packing.common.validation import require_positive_int
 
 SplitMethod = Literal["greedy", "balanced"]
 SPLIT_METHODS: tuple[str, ...] = ("greedy", "balanced")

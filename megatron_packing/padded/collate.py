@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from megatron_packing.fetch import PlannedExamples
+from megatron_packing.common.plan_types import PaddedStepPlan, StepMetadata
+from megatron_packing.common.validation import require_int, require_positive_int
 from megatron_packing.packing.microbatch import restore_input_order
-from megatron_packing.plan_types import PaddedStepPlan, StepMetadata
-from megatron_packing.validation import require_int, require_positive_int
+from megatron_packing.stream.fetch import PlannedExamples
 
 
 @dataclass

@@ -6,11 +6,11 @@ from typing import Any
 
 import numpy as np
 
-from megatron_packing.base_order import make_base_order
 from megatron_packing.config import PackingConfig
-from megatron_packing.fetch import PlannedDataset, check_loss_targets
 from megatron_packing.padded.collate import PaddedCollator
 from megatron_packing.padded.sampler import TokenBudgetBatchSampler
+from megatron_packing.stream.base_order import make_base_order
+from megatron_packing.stream.fetch import PlannedDataset, check_loss_targets
 
 
 def build_padded_components(

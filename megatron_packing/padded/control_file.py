@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from megatron_packing.validation import require_int, require_positive_int
+from megatron_packing.common.validation import require_int, require_positive_int
 
 NO_VALUE = -1
 

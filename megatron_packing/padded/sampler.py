@@ -22,7 +22,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from megatron_packing.base_order import EpochOrder
+from megatron_packing.common.plan_types import PaddedStepPlan
+from megatron_packing.common.validation import require_int, require_positive_int
 from megatron_packing.config.components import (
     SAMPLER_SPLIT_METHOD,
     PaddedSamplerConfig,
@@ -35,10 +36,13 @@ from megatron_packing.packing.microbatch import (
     make_token_balanced_microbatches,
     sort_by_length,
 )
-from megatron_packing.plan_types import PaddedStepPlan
-from megatron_packing.state_checks import check_fingerprint, check_state_fields, check_state_keys
-from megatron_packing.step_stream import OrderPosition, StepStream
-from megatron_packing.validation import require_int, require_positive_int
+from megatron_packing.stream.base_order import EpochOrder
+from megatron_packing.stream.state_checks import (
+    check_fingerprint,
+    check_state_fields,
+    check_state_keys,
+)
+from megatron_packing.stream.step_stream import OrderPosition, StepStream
 
 
 def rank_slices(num_examples: int, dp_size: int) -> list[tuple[int, int]]:

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from megatron_packing.common.validation import require_positive_int
 from megatron_packing.padded.control_file import (
     BUDGET_FILE,
     NO_VALUE,
@@ -26,7 +27,6 @@ from megatron_packing.padded.control_file import (
     read_budget_file,
     write_budget_file,
 )
-from megatron_packing.validation import require_positive_int
 
 
 def _distributed() -> bool:

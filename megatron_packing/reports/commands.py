@@ -331,8 +331,8 @@ def inspect_data(document: dict[str, Any], source: str, *, paths: Sequence[str] 
     """Length statistics of the data section (or ``--data``), loaded the way training loads
     it (its cache_dir, on_bad_record and loss_on), and a length histogram PNG."""
     from megatron_packing.config import dataclass_from_mapping
+    from megatron_packing.config.training import DataConfig
     from megatron_packing.data import load_sft_dataset
-    from megatron_packing.megatron.trainer_config import DataConfig
 
     data = dataclass_from_mapping(DataConfig, document.get("data") or {}, source=source,
                                   what="data key")

@@ -20,17 +20,17 @@ from typing import Any
 
 import numpy as np
 
-from megatron_packing.base_order import make_base_order
+from megatron_packing.common.validation import check_batch_window
 from megatron_packing.config import (
     ConfigError,
     PackingConfig,
     dataclass_from_mapping,
     read_yaml_mapping,
 )
-from megatron_packing.megatron.trainer_config import DataConfig, training_config_from_dict
+from megatron_packing.config.training import DataConfig, training_config_from_dict
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 from megatron_packing.packing.step_time import StepTimes, rank_times
-from megatron_packing.validation import check_batch_window
+from megatron_packing.stream.base_order import make_base_order
 
 from .progress import Progress
 

@@ -29,7 +29,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-from megatron_packing.validation import allowed_batch_variation
+from megatron_packing.common.validation import allowed_batch_variation
 
 DEFAULT_CAPACITY_FACTORS = (0.5, 1.0, 2.0)
 DEFAULT_VARIATIONS = (0.02, 0.05, 0.1, 0.2)

@@ -16,16 +16,17 @@ import megatron_packing
 PACKAGE = Path(megatron_packing.__file__).parent
 
 LAYERS: list[set[str]] = [
-    {"validation", "plan_types"},  # leaves: value checks, shared types
+    {"common"},  # leaves: value checks, shared plan and step types
     {"packing"},  # pure algorithms: numpy only
-    {"state_checks", "base_order", "fetch", "data", "config"},
-    {"step_stream"},  # iterators that own their cursor
+    {"data"},  # datasets, tokenization, the length index and token store
+    {"config"},  # the YAML schema: packing, data, model, train and logging sections
+    {"stream"},  # epoch order, resume checks, planned fetches, iterators that own their cursor
     {"packed", "padded"},  # the two modes
-    {"loader_state", "metrics"},
-    {"loader", "simulation"},
-    {"megatron"},
-    {"reports"},  # simulate / tune / inspect on a training YAML's own data
-    {"megatron_lm", "cli"},
+    {"loader"},  # the torchdata loader, its state, per-step metrics
+    {"reports"},  # simulate / tune / inspect on length pools or a training YAML's own data
+    {"megatron"},  # glue to megatron-core: packed-sequence params, loss, DDP, FSDP2
+    {"megatron_lm", "demo"},  # entry points: Megatron-LM's loop, the CPU demo trainer
+    {"cli"},  # the ``megatron-packing`` command
 ]
 
 
@@ -110,9 +111,23 @@ def test_no_import_circle():
 
 
 def test_the_checks_see_an_upward_import_and_a_circle():
-    graph = {"megatron_packing.packed.sampler": {"megatron_packing.loader"},
+    graph = {"megatron_packing.packed.sampler": {"megatron_packing.loader.dataloader"},
              "megatron_packing.padded.collate": {"megatron_packing.padded.sampler"},
              "megatron_packing.padded.sampler": {"megatron_packing.padded.collate"}}
-    assert downward_violations(graph) == ["megatron_packing.packed.sampler imports megatron_packing.loader"]
+    assert downward_violations(graph) == ["megatron_packing.packed.sampler imports megatron_packing.loader.dataloader"]
     assert find_cycle(graph) is not None
     assert downward_violations({"megatron_packing.packed.x": {"megatron_packing.padded.y"}})
+
+
+TOP_LEVEL_FILES = {"__init__.py", "cli.py"}
+
+
+def flat_top_level_files(package: Path) -> list[str]:
+    return sorted(p.name for p in package.glob("*.py") if p.name not in TOP_LEVEL_FILES)
+
+
+def test_the_top_level_holds_only_the_package_and_the_cli(tmp_path):
+    assert flat_top_level_files(PACKAGE) == []
+    (tmp_path / "__init__.py").write_text("")
+    (tmp_path / "loader.py").write_text("")
+    assert flat_top_level_files(tmp_path) == ["loader.py"]

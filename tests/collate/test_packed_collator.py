@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 from sampler.synthetic import SyntheticSFT
 from torch.utils.data import SequentialSampler
 
+from megatron_packing.common.plan_types import StepPlan
 from megatron_packing.config import PackingConfig
-from megatron_packing.fetch import PlannedDataset
-from megatron_packing.loader import build_packing_sampler
+from megatron_packing.loader.dataloader import build_packing_sampler
 from megatron_packing.packed.collate import PackedCollator
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler, PlannedBatch
 from megatron_packing.packing.alignment import make_alignment
-from megatron_packing.plan_types import StepPlan
+from megatron_packing.stream.fetch import PlannedDataset
 
 PAD = 0
 pytestmark = pytest.mark.filterwarnings("ignore:a step of about")

@@ -27,7 +27,7 @@ from megatron_packing.config import (
     WorkerConfig,
 )
 from megatron_packing.config.mode_keys import PADDED_ONLY_KEYS
-from megatron_packing.loader import build_sft_dataloader
+from megatron_packing.loader.dataloader import build_sft_dataloader
 from megatron_packing.packed.collate import PackedCollator
 from megatron_packing.packed.components import build_packed_components
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler

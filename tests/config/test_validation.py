@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from megatron_packing.validation import (
+from megatron_packing.common.validation import (
     ConfigError,
     require_bool,
     require_choice,

@@ -139,7 +139,7 @@ def _training_doc(tmp: Path, **changes: Any) -> dict:
 
 def _training(**changes: Any) -> Callable[[Path], Any]:
     def run(tmp: Path) -> Any:
-        from megatron_packing.megatron.trainer_config import load_training_config
+        from megatron_packing.config.training import load_training_config
 
         path = _yaml(tmp, yaml.safe_dump(_training_doc(tmp, **changes)))
         return load_training_config(path)
@@ -202,7 +202,7 @@ def _ex(n: int, loss_from: int = 1) -> dict:
 def _duck_loader(examples: list, packed: bool = True) -> Callable[[Path], Any]:
     def run(tmp: Path) -> Any:
         from megatron_packing.config import PackingConfig
-        from megatron_packing.loader import build_sft_dataloader
+        from megatron_packing.loader.dataloader import build_sft_dataloader
 
         config = PackingConfig(global_batch_size=2, bin_capacity=64, use_sequence_packing=packed)
         return build_sft_dataloader(_Duck(examples), config, dp_rank=0, dp_size=1)
@@ -210,9 +210,9 @@ def _duck_loader(examples: list, packed: bool = True) -> Callable[[Path], Any]:
 
 
 def _samplers() -> tuple[Any, Any]:
-    from megatron_packing.base_order import SequentialSampler
     from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
     from megatron_packing.padded.sampler import TokenBudgetBatchSampler
+    from megatron_packing.stream.base_order import SequentialSampler
 
     packed = DPAlignedPackingBatchSampler(SequentialSampler(range(8)), [5] * 8, 4, 2,
                                           bin_capacity=16, allowed_variation=0.25, dp_rank=0)
@@ -306,8 +306,8 @@ def _broken_tokenizer(tmp: Path) -> Any:
 
 def _ranks(fn_name: str) -> Callable[[Path], Any]:
     def run(tmp: Path) -> Any:
-        from megatron_packing.megatron.launch import spawn_data_parallel
-        from megatron_packing.validation import ConfigError
+        from megatron_packing.common.validation import ConfigError
+        from megatron_packing.demo.launch import spawn_data_parallel
 
         sys.path.insert(0, str(REPO / "tests"))
         from faults import rank_helpers
@@ -317,7 +317,7 @@ def _ranks(fn_name: str) -> Callable[[Path], Any]:
 
 
 def _dup_train(tmp: Path) -> Any:
-    from megatron_packing.megatron.trainer_config import load_training_config
+    from megatron_packing.config.training import load_training_config
 
     text = yaml.safe_dump(_training_doc(tmp)) + "train:\n  steps: 9\n"
     return load_training_config(_yaml(tmp, text, "d.yaml"))

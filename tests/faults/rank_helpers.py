@@ -8,7 +8,7 @@ import time
 
 import torch.distributed as dist
 
-from megatron_packing.validation import ConfigError
+from megatron_packing.common.validation import ConfigError
 
 
 def refuse_on_rank_1(rank: int, world: int) -> None:

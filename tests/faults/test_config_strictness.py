@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from megatron_packing.config import ConfigError, PackingConfig, WorkerConfig, load_config
 from megatron_packing.config.mode_keys import UnusedKeyWarning
+from megatron_packing.config.training import load_training_config
 from megatron_packing.config.yaml_io import read_yaml_mapping
-from megatron_packing.megatron.trainer_config import load_training_config
 
 from .run_faults_helpers import run_cli, tiny_config, write_config
 

@@ -14,8 +14,8 @@ from data.sft_test_data import make_tokenizer as make_shared_tokenizer
 from megatron_packing.config import PackingConfig
 from megatron_packing.data import BadRecordError, CorruptStoreError, load_sft_dataset
 from megatron_packing.data import tokenize as tokenize_module
-from megatron_packing.fetch import FetchedExampleError, PlannedDataset
-from megatron_packing.loader import build_sft_dataloader
+from megatron_packing.loader.dataloader import build_sft_dataloader
+from megatron_packing.stream.fetch import FetchedExampleError, PlannedDataset
 
 # A chat template written for these tests: ChatML turns, tool calls rendered inside the
 # assistant's generation block, a record's tools listed in a system header.

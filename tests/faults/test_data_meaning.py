@@ -16,7 +16,7 @@ from megatron_packing.config import PackingConfig
 from megatron_packing.data import BadRecordError, load_sft_dataset, save_pretokenized
 from megatron_packing.data.records import record_to_messages
 from megatron_packing.data.store import StoreWriter
-from megatron_packing.loader import build_sft_dataloader
+from megatron_packing.loader.dataloader import build_sft_dataloader
 
 from .test_data_faults import TEXT, TOOL_TEMPLATE
 

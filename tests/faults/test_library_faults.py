@@ -15,11 +15,15 @@ from sampler.synthetic import SyntheticSFT, mixed_lengths
 from torch.utils.data import SequentialSampler
 
 from megatron_packing.config import ConfigError, PackingConfig, load_config
-from megatron_packing.fetch import PlannedDataset
-from megatron_packing.loader import PackingDataLoader, build_packing_sampler, build_sft_dataloader
+from megatron_packing.loader.dataloader import (
+    PackingDataLoader,
+    build_packing_sampler,
+    build_sft_dataloader,
+)
 from megatron_packing.packed.collate import PackedCollator
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 from megatron_packing.padded.sampler import TokenBudgetBatchSampler
+from megatron_packing.stream.fetch import PlannedDataset
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 SEED = 11

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_packing.megatron.launch import RankFailed, spawn_data_parallel
-from megatron_packing.validation import ConfigError
+from megatron_packing.common.validation import ConfigError
+from megatron_packing.demo.launch import RankFailed, spawn_data_parallel
 
 from . import rank_helpers
 from .run_faults_helpers import run_cli, tiny_config, train_command, write_config

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from megatron_packing.config import ConfigError
+from megatron_packing.config.training import load_training_config
+from megatron_packing.loader.metrics import read_jsonl
 from megatron_packing.megatron import checkpoint as ckpt
-from megatron_packing.megatron.trainer_config import load_training_config
-from megatron_packing.metrics import read_jsonl
 
 from .run_faults_helpers import (
     children_of,
@@ -232,7 +232,7 @@ def seed3_run(tmp_path_factory):
 def test_torchrun_runs_each_process_as_one_rank(tmp_path, seed3_run):
     config = write_config(tmp_path / "c.yaml", tiny_config(tmp_path))
     out = tmp_path / "out"
-    from megatron_packing.megatron.launch import free_port
+    from megatron_packing.demo.launch import free_port
 
     command = [str(TORCHRUN), "--nproc-per-node", "2", "--master-port", str(free_port()),
                "-m", "megatron_packing.cli", "train", "--config", str(config),
@@ -270,8 +270,8 @@ def test_packing_seed_decides_the_order_and_missing_matplotlib_only_skips_the_pl
 
 @pytest.mark.slow
 def test_wandb_resume_continues_the_same_run(tmp_path, monkeypatch):
-    from megatron_packing.megatron.demo_trainer import RunSpec, launch_runs
-    from megatron_packing.megatron.trainer_config import training_config_from_dict
+    from megatron_packing.config.training import training_config_from_dict
+    from megatron_packing.demo.trainer import RunSpec, launch_runs
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_packing.megatron.run_dir import OutputDirHoldsRun, claim_output_dir, run_contents
+from megatron_packing.demo.run_dir import OutputDirHoldsRun, claim_output_dir, run_contents
 
 from .run_faults_helpers import run_cli, tiny_config, train_command, write_config
 

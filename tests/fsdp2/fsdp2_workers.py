@@ -17,12 +17,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from megatron_packing.config.training import ModelConfig, training_config_from_dict
+from megatron_packing.demo.launch import dp_group
+from megatron_packing.demo.model import build_tiny_gpt
+from megatron_packing.demo.train_step import forward_backward, warmup_cosine
 from megatron_packing.megatron.fsdp2 import wrap_in_fsdp2
-from megatron_packing.megatron.launch import dp_group
-from megatron_packing.megatron.model import build_tiny_gpt
 from megatron_packing.megatron.packed_seq import causal_mask
-from megatron_packing.megatron.train_step import forward_backward, warmup_cosine
-from megatron_packing.megatron.trainer_config import ModelConfig, training_config_from_dict
 from megatron_packing.padded.collate import PaddedCollator
 from megatron_packing.padded.sampler import TokenBudgetBatchSampler
 

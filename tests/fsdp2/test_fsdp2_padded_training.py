@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from megatron_packing.metrics import read_jsonl
+from megatron_packing.loader.metrics import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_DATA = REPO / "examples" / "data" / "demo_chat.jsonl"
@@ -73,7 +73,7 @@ def worker_results(root):
     """Launch 1: the padded equivalence (rank*.json) and the demo reference (reference.json)."""
     from fsdp2_workers import equivalence_and_reference
 
-    from megatron_packing.megatron.launch import spawn_data_parallel
+    from megatron_packing.demo.launch import spawn_data_parallel
 
     spawn_data_parallel(equivalence_and_reference, 2, str(root), _document(root, "fsdp2"))
     return root
@@ -133,8 +133,8 @@ def test_demo_padded_run_equals_single_process_reference(worker_results, demo_ru
 
 
 def test_fsdp2_without_the_count_agreement_fails_or_hangs(root):
-    from megatron_packing.megatron.demo_trainer import NO_COUNT_AGREEMENT_ENV
-    from megatron_packing.megatron.launch import TIMEOUT_ENV
+    from megatron_packing.demo.launch import TIMEOUT_ENV
+    from megatron_packing.demo.trainer import NO_COUNT_AGREEMENT_ENV
 
     (root / "off").mkdir()
     try:
@@ -152,8 +152,8 @@ def test_fsdp2_without_the_count_agreement_fails_or_hangs(root):
 
 def test_fsdp2_stop_and_resume_equals_the_uninterrupted_run(root, demo_runs):
     """Checkpoints hold full model and optimizer state; a resume re-shards them exactly."""
-    from megatron_packing.megatron.demo_trainer import RunSpec, launch_runs
-    from megatron_packing.megatron.trainer_config import training_config_from_dict
+    from megatron_packing.config.training import training_config_from_dict
+    from megatron_packing.demo.trainer import RunSpec, launch_runs
 
     runs = demo_runs
     cfg = training_config_from_dict(_document(root, "fsdp2"))

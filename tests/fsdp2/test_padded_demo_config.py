@@ -10,13 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from megatron_packing.config import ConfigError
-from megatron_packing.megatron.demo_trainer import (
+from megatron_packing.config.training import BACKENDS, training_config_from_dict
+from megatron_packing.demo.model import padded_causal_mask
+from megatron_packing.demo.trainer import (
     TrainingError,
     _check_padded_lengths,
     model_positions,
 )
-from megatron_packing.megatron.model import padded_causal_mask
-from megatron_packing.megatron.trainer_config import BACKENDS, training_config_from_dict
 
 
 def _doc(**train) -> dict:

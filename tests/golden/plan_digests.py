@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import SequentialSampler
 
-from megatron_packing.simulation import find_pool_dir, load_pools, mixed_stream
+from megatron_packing.reports.simulation import find_pool_dir, load_pools, mixed_stream
 
 # (name, batch size, capacity, dp, steps, options)
 PACKED_GEOMETRIES: list[tuple[str, int, int, int, int, dict[str, Any]]] = [
@@ -100,7 +100,7 @@ class LengthsOnly:
 def config_path_digest(steps: int, keys: dict[str, Any]) -> str:
     """Plans of the sampler the loader builds from a `PackingConfig` (random order, seeded)."""
     from megatron_packing.config import PackingConfig
-    from megatron_packing.loader import build_packing_sampler
+    from megatron_packing.loader.dataloader import build_packing_sampler
 
     config = PackingConfig.from_dict(keys).validate(4)
     dataset = LengthsOnly(pool_stream(config.global_batch_size * steps, config.bin_capacity))

@@ -8,7 +8,7 @@ import numpy as np
 from sampler.synthetic import SyntheticSFT, mixed_lengths
 
 from megatron_packing.config import PackingConfig
-from megatron_packing.loader import build_sft_dataloader
+from megatron_packing.loader.dataloader import build_sft_dataloader
 
 DATASET = SyntheticSFT(mixed_lengths(160, seed=5, high=700))
 BATCH = 30  # 6 steps per epoch, the last one takes what remains

@@ -7,7 +7,7 @@ import pytest
 from sampler.synthetic import SyntheticSFT, mixed_lengths
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from megatron_packing.loader import build_sft_dataloader
+from megatron_packing.loader.dataloader import build_sft_dataloader
 from megatron_packing.packed.collate import PackedBatch
 from megatron_packing.padded.collate import PaddedBatch
 from megatron_packing.padded.components import build_padded_components

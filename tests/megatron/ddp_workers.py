@@ -8,11 +8,11 @@ import torch
 import torch.distributed as dist
 from packing_helpers import pack_row, random_examples, rank_batches
 
+from megatron_packing.config.training import ModelConfig
+from megatron_packing.demo.launch import dp_group
+from megatron_packing.demo.model import build_tiny_gpt, per_token_loss
+from megatron_packing.demo.train_step import forward_backward, train_step
 from megatron_packing.megatron.ddp import build_megatron_optimizer, wrap_in_ddp
-from megatron_packing.megatron.launch import dp_group
-from megatron_packing.megatron.model import build_tiny_gpt, per_token_loss
-from megatron_packing.megatron.train_step import forward_backward, train_step
-from megatron_packing.megatron.trainer_config import ModelConfig
 
 STEP_SIZES = (5, 9, 3, 7)  # global examples per step: varies, one step leaves a placeholder row
 VOCAB = 64

@@ -6,8 +6,8 @@ import random
 
 import torch
 
+from megatron_packing.common.plan_types import StepMetadata
 from megatron_packing.packed.collate import PackedBatch, PackedMicroBatch
-from megatron_packing.plan_types import StepMetadata
 
 
 def pack_row(seqs: list[list[int]], *, seq_multiple: int = 1, pad_id: int = 0,

@@ -19,7 +19,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def runs(tmp_path_factory):
     from ddp_workers import SETUPS, ddp_train_steps
 
-    from megatron_packing.megatron.launch import spawn_data_parallel
+    from megatron_packing.demo.launch import spawn_data_parallel
 
     out = tmp_path_factory.mktemp("ddp")
     spawn_data_parallel(ddp_train_steps, 2, str(out))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from packing_helpers import placeholder_row, random_examples, rank_batches
 
-from megatron_packing.megatron.megatron_lm import ConsumedExamples, sync_num_microbatches
+from megatron_packing.megatron.step_accounting import ConsumedExamples, sync_num_microbatches
 from megatron_packing.packed.collate import PackedBatch
 
 DP = 2

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from megatron_packing.metrics import (
+from megatron_packing.common.plan_types import StepMetadata
+from megatron_packing.loader.metrics import (
     METRIC_NAMES,
     InMemoryLogger,
     JsonlLogger,
@@ -13,7 +14,6 @@ from megatron_packing.metrics import (
     step_metrics,
     truncate_jsonl,
 )
-from megatron_packing.plan_types import StepMetadata
 
 REQUIRED = ("train/actual_batch_size", "train/actual_num_tokens", "train/loss_tokens",
             "train/bins", "train/padding_bins", "train/token_fill", "train/dp_imbalance",
@@ -49,7 +49,7 @@ def test_jsonl_and_memory_loggers(tmp_path):
 
 
 def test_wandb_logger_offline(tmp_path, monkeypatch):
-    from megatron_packing.metrics import WandbLogger
+    from megatron_packing.loader.metrics import WandbLogger
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))

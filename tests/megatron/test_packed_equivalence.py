@@ -43,7 +43,7 @@ def test_thd_packed_seq_params_fields():
 def test_packed_equals_unpacked_dp2(tmp_path):
     from dp_workers import STEP_SIZES, packed_vs_unpacked
 
-    from megatron_packing.megatron.launch import spawn_data_parallel
+    from megatron_packing.demo.launch import spawn_data_parallel
 
     spawn_data_parallel(packed_vs_unpacked, 2, str(tmp_path))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]

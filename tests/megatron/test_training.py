@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from megatron_packing.config import PackingConfig
-from megatron_packing.megatron.trainer_config import training_config_from_dict
-from megatron_packing.metrics import read_jsonl
+from megatron_packing.config.training import training_config_from_dict
+from megatron_packing.loader.metrics import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_DATA = REPO / "examples" / "data" / "demo_chat.jsonl"
@@ -44,7 +44,7 @@ class _Prefix:
 
 
 def _global_plans(dataset, steps: int) -> list:
-    from megatron_packing.loader import build_packing_sampler
+    from megatron_packing.loader.dataloader import build_packing_sampler
 
     sampler = build_packing_sampler(dataset, PackingConfig(**PACKING), dp_rank=None, dp_size=2,
                                     seed=PACKING["seed"], total_steps=steps)
@@ -57,7 +57,7 @@ def _global_plans(dataset, steps: int) -> list:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     from megatron_packing.data import load_sft_dataset
-    from megatron_packing.megatron.demo_trainer import RunSpec, launch_runs
+    from megatron_packing.demo.trainer import RunSpec, launch_runs
 
     root = tmp_path_factory.mktemp("training")
     lines = DEMO_DATA.read_text().splitlines()[:90]

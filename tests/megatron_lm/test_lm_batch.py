@@ -35,7 +35,7 @@ def solo_group():
     """A one-rank gloo group: its rank is its own TP source."""
     import torch.distributed as dist
 
-    from megatron_packing.megatron.launch import free_port
+    from megatron_packing.demo.launch import free_port
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
                             world_size=1)

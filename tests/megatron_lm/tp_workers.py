@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 from lm_rows import random_rows
 from megatron_lm_runs import MEGATRON_LM
 
-from megatron_packing.megatron.launch import free_port
+from megatron_packing.demo.launch import free_port
 from megatron_packing.megatron.lm_batch import broadcast_batch_across_tp, to_megatron_lm_batch
 
 ROWS_SEED = 11

@@ -10,11 +10,11 @@ import os
 import numpy as np
 import pytest
 
-from megatron_packing.base_order import SeededRandomOrder
 from megatron_packing.cli import main as cli
 from megatron_packing.padded.control_file import BUDGET_FILE, read_budget_file, write_budget_file
 from megatron_packing.padded.sampler import TokenBudgetBatchSampler
 from megatron_packing.padded.sync import TokenBudgetController
+from megatron_packing.stream.base_order import SeededRandomOrder
 
 
 def _sampler() -> TokenBudgetBatchSampler:

@@ -10,12 +10,12 @@ import torch
 from padded_synth import SyntheticSFTDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from megatron_packing.base_order import SeededRandomOrder, SequentialSampler
 from megatron_packing.config import PackingConfig
-from megatron_packing.fetch import PlannedDataset, PlannedExamples
 from megatron_packing.padded.collate import PaddedCollator, make_dummy_microbatch
 from megatron_packing.padded.components import build_padded_components
 from megatron_packing.padded.sampler import TokenBudgetBatchSampler
+from megatron_packing.stream.base_order import SeededRandomOrder, SequentialSampler
+from megatron_packing.stream.fetch import PlannedDataset, PlannedExamples
 
 DATA = SyntheticSFTDataset(300, seed=1)
 

@@ -77,8 +77,8 @@ STEPS = 30
 def _budget_worker(rank: int, world: int, store: str, out: str, written_ns: int) -> None:
     import numpy as np
 
-    from megatron_packing.base_order import SeededRandomOrder
     from megatron_packing.padded.sampler import TokenBudgetBatchSampler
+    from megatron_packing.stream.base_order import SeededRandomOrder
 
     _init(rank, world, store)
     lengths = np.random.default_rng(0).integers(16, 2048, size=2000)

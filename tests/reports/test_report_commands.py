@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from megatron_packing.base_order import SeededRandomOrder
 from megatron_packing.cli import main
 from megatron_packing.data import load_sft_dataset
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 from megatron_packing.reports.progress import progress_enabled
+from megatron_packing.stream.base_order import SeededRandomOrder
 
 from .conftest import write_config
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from megatron_packing.common.plan_types import StepPlan
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
-from megatron_packing.plan_types import StepPlan
 
 
 def run_epochs(sampler: DPAlignedPackingBatchSampler, epochs: int) -> list[list[StepPlan]]:

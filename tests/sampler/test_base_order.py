@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from megatron_packing.base_order import EpochOrder, SeededRandomOrder
+from megatron_packing.stream.base_order import EpochOrder, SeededRandomOrder
 
 
 def randperm_order(n: int, seed: int, epoch: int) -> list[int]:

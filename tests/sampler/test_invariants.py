@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import SequentialSampler
 
-from megatron_packing.base_order import SeededRandomOrder
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
+from megatron_packing.stream.base_order import SeededRandomOrder
 
 from .helpers import check_stream, run_epochs
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from torch.utils.data import SequentialSampler
 
+from megatron_packing.common.validation import allowed_batch_variation
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 from megatron_packing.packing.factory import make_seq_packer
 from megatron_packing.packing.planner.bounds import PairJudge
@@ -30,8 +31,7 @@ from megatron_packing.packing.planner.sizer import StepSizer
 from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES
 from megatron_packing.packing.planner.window import StepContext
 from megatron_packing.packing.reference import plan_exhaustively
-from megatron_packing.simulation import find_pool_dir, load_pools, mixed_stream
-from megatron_packing.validation import allowed_batch_variation
+from megatron_packing.reports.simulation import find_pool_dir, load_pools, mixed_stream
 
 from .helpers import check_stream
 

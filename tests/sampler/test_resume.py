@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from torch.utils.data import RandomSampler, SequentialSampler
 from torchdata.stateful_dataloader.sampler import RandomSampler as StatefulRandomSampler
 
-from megatron_packing.base_order import SeededRandomOrder
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
+from megatron_packing.stream.base_order import SeededRandomOrder
 
 from .synthetic import mixed_lengths
 

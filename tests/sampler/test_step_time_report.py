@@ -9,7 +9,7 @@ import pytest
 from torch.utils.data import SequentialSampler
 
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
-from megatron_packing.simulation import simulate, simulate_exhaustive
+from megatron_packing.reports.simulation import simulate, simulate_exhaustive
 
 K = 24576.0
 

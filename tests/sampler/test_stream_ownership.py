@@ -10,7 +10,7 @@ from torch.utils.data import SequentialSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from megatron_packing.config import PackingConfig
-from megatron_packing.loader import build_sft_dataloader
+from megatron_packing.loader.dataloader import build_sft_dataloader
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 from megatron_packing.padded.sampler import TokenBudgetBatchSampler
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from torch.utils.data import SequentialSampler
 
-from megatron_packing.fetch import PlannedDataset
 from megatron_packing.packed.collate import PackedCollator
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
+from megatron_packing.stream.fetch import PlannedDataset
 
 from .helpers import check_stream, run_epochs
 from .synthetic import SyntheticSFT

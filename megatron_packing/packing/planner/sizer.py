@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from megatron_packing.common.validation import require_int
 from megatron_packing.packing.algorithms import SeqPacker
 from megatron_packing.packing.planner.bounds import SegmentBound
 from megatron_packing.packing.planner.deferral import DeferralSearch
@@ -32,7 +33,6 @@ from megatron_packing.packing.planner.search import (
 from megatron_packing.packing.planner.segments import Bins, SegmentPacker
 from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES, PlannerTunables
 from megatron_packing.packing.planner.window import StepContext
-from megatron_packing.validation import require_int
 
 
 @dataclass

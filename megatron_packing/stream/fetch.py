@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from megatron_packing.plan_types import TupleSequence
+from megatron_packing.common.plan_types import TupleSequence
 
 
 class FetchedExampleError(ValueError):

@@ -13,8 +13,9 @@ from typing import Any
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from megatron_packing.common.validation import require_int
 from megatron_packing.config import PackingConfig, WorkerConfig, config_or_keywords
-from megatron_packing.loader_state import sampler_state, saved_worker_count, stream_position
+from megatron_packing.loader.state import sampler_state, saved_worker_count, stream_position
 from megatron_packing.packed.components import (
     build_packed_components,
     build_packing_sampler,
@@ -23,7 +24,6 @@ from megatron_packing.packed.components import (
     truncated_loss_counts,
 )
 from megatron_packing.padded.components import build_padded_components
-from megatron_packing.validation import require_int
 
 
 class PackingDataLoader(StatefulDataLoader):

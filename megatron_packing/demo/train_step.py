@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from megatron_packing.demo.model import per_token_loss
 from megatron_packing.megatron.cpu_workarounds import (
     cuda_factories_on_cpu,
     megatron_optimizer_compat,
@@ -41,7 +42,6 @@ from megatron_packing.megatron.cpu_workarounds import (
 from megatron_packing.megatron.ddp import is_megatron_ddp, wire_megatron_grad_sync
 from megatron_packing.megatron.fsdp2 import clip_and_norm, is_fsdp2
 from megatron_packing.megatron.loss import LossFunc, make_loss_func, reduce_reported_loss
-from megatron_packing.megatron.model import per_token_loss
 from megatron_packing.packed.collate import PackedBatch, PackedMicroBatch
 from megatron_packing.padded.collate import PaddedBatch, PaddedMicroBatch, make_dummy_microbatch
 

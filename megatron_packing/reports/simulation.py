@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import SequentialSampler
 
+from megatron_packing.common.validation import allowed_batch_variation, require_int, require_number
 from megatron_packing.config.components import PlannerConfig
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, imbalance
@@ -28,7 +29,6 @@ from megatron_packing.packing.planner.sizer import StepSizer
 from megatron_packing.packing.planner.tunables import PlannerTunables
 from megatron_packing.packing.reference import ReferenceRun, best_contiguous_path, plan_exhaustively
 from megatron_packing.packing.step_time import balanced_rank_bins, step_times
-from megatron_packing.validation import allowed_batch_variation, require_int, require_number
 
 DEFAULT_POOL_DIRS = ("benchmarks/data/lengths", "../shared/data/lengths")
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from megatron_packing.plan_types import StepMetadata
+from megatron_packing.common.plan_types import StepMetadata
 
 
 def sync_num_microbatches(meta: StepMetadata, *, dp_size: int, rank: int = 0) -> int:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from megatron_packing.config.training import ModelConfig
 from megatron_packing.megatron.packed_seq import (
     block_diagonal_causal_mask,
     packed_seq_params,
 )
-from megatron_packing.megatron.trainer_config import ModelConfig
 from megatron_packing.packed.collate import PackedMicroBatch
 from megatron_packing.padded.collate import PaddedMicroBatch
 

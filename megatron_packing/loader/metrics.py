@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from megatron_packing.plan_types import StepMetadata
+from megatron_packing.common.plan_types import StepMetadata
 
 METRIC_NAMES = (
     "train/actual_batch_size",

@@ -33,7 +33,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from megatron_packing.megatron.checkpoint import (
+from megatron_packing.config.training import TrainingConfig
+from megatron_packing.demo.checkpoint import (
     check_setup,
     find_resume_checkpoint,
     latest_checkpoint,
@@ -41,7 +42,7 @@ from megatron_packing.megatron.checkpoint import (
     resume_checkpoint,
     save_checkpoint,
 )
-from megatron_packing.megatron.launch import (
+from megatron_packing.demo.launch import (
     RunInterrupted,
     agreed_stop_signal,
     dp_group,
@@ -49,10 +50,9 @@ from megatron_packing.megatron.launch import (
     spawn_data_parallel,
     torchrun_rank,
 )
-from megatron_packing.megatron.run_dir import check_output_path, claim_output_dir
-from megatron_packing.megatron.run_lock import hold_output_dirs
-from megatron_packing.megatron.trainer_config import TrainingConfig
-from megatron_packing.metrics import (
+from megatron_packing.demo.run_dir import check_output_path, claim_output_dir
+from megatron_packing.demo.run_lock import hold_output_dirs
+from megatron_packing.loader.metrics import (
     JsonlLogger,
     MetricsLogger,
     MultiLogger,
@@ -105,10 +105,10 @@ class PeerFailed(TrainingError):
 
 
 def _refusals() -> tuple[type[BaseException], ...]:
+    from megatron_packing.common.validation import ConfigError
     from megatron_packing.data import BadRecordError, CorruptStoreError
-    from megatron_packing.fetch import FetchedExampleError
-    from megatron_packing.megatron.checkpoint import CheckpointError
-    from megatron_packing.validation import ConfigError
+    from megatron_packing.demo.checkpoint import CheckpointError
+    from megatron_packing.stream.fetch import FetchedExampleError
 
     return (ConfigError, CheckpointError, TrainingError, BadRecordError, CorruptStoreError,
             FetchedExampleError)
@@ -160,7 +160,7 @@ def _prepare_launch(cfg: TrainingConfig, specs: list[RunSpec]) -> None:
         detail = (f"every record was skipped as bad ({sum(skipped.values())} records: "
                   f"{skipped})" if skipped else "the files hold no records")
         raise TrainingError(f"no examples to train on in {', '.join(cfg.data.paths)}: {detail}")
-    from megatron_packing.fetch import check_loss_targets
+    from megatron_packing.stream.fetch import check_loss_targets
 
     try:
         check_loss_targets(dataset, dataset.loss_token_counts)
@@ -275,14 +275,14 @@ def _worker(rank: int, world: int, cfg: TrainingConfig, specs: list[RunSpec]) ->
 
 
 def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
-    from megatron_packing.loader import build_sft_dataloader
-    from megatron_packing.megatron.fsdp2 import full_state, load_full_state, wrap_in_fsdp2
-    from megatron_packing.megatron.model import build_tiny_gpt
-    from megatron_packing.megatron.train_step import (
+    from megatron_packing.demo.model import build_tiny_gpt
+    from megatron_packing.demo.train_step import (
         broadcast_parameters,
         train_step,
         warmup_cosine,
     )
+    from megatron_packing.loader.dataloader import build_sft_dataloader
+    from megatron_packing.megatron.fsdp2 import full_state, load_full_state, wrap_in_fsdp2
 
     started = time.perf_counter()
     tc = cfg.train
@@ -447,7 +447,7 @@ def _make_logger(cfg: TrainingConfig, spec: RunSpec, out: Path, rank: int,
         logged_through = truncate_jsonl(metrics_path, keep_steps_below=start_step)
     loggers: list[MetricsLogger] = [JsonlLogger(metrics_path)] if cfg.logging.jsonl else []
     if spec.use_wandb and cfg.logging.wandb:
-        from megatron_packing.metrics import WandbLogger
+        from megatron_packing.loader.metrics import WandbLogger
 
         # A resumed run continues the same W&B run and does not send its steps again.
         loggers.append(WandbLogger(project=cfg.logging.wandb_project,

@@ -17,6 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from megatron_packing.common.validation import (
+    require_bool,
+    require_choice,
+    require_int,
+    require_number,
+)
 from megatron_packing.config import (
     ConfigError,
     PackingConfig,
@@ -24,7 +30,6 @@ from megatron_packing.config import (
     read_yaml_mapping,
 )
 from megatron_packing.config.components import MAX_SEED
-from megatron_packing.validation import require_bool, require_choice, require_int, require_number
 
 WANDB_MODES = ("offline", "online", "disabled")
 DTYPES = ("float32", "float64")

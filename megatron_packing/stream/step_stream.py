@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 
 from torch.utils.data import SequentialSampler
 
-from megatron_packing.base_order import EpochOrder, SeededRandomOrder
+from megatron_packing.stream.base_order import EpochOrder, SeededRandomOrder
 
 # Base orders whose epochs draw nothing that a later epoch depends on.
 _INDEPENDENT_EPOCHS = (SeededRandomOrder, SequentialSampler)
