@@ -234,7 +234,7 @@ def _state(mode: str, into: str, **changes: Any) -> Callable[[Path], Any]:
 def _checkpoints(steps: tuple[int, ...], damage: Callable[[Path], None],
                  setup_now: dict | None = None) -> Callable[[Path], Any]:
     def run(tmp: Path) -> Any:
-        from megatron_packing.megatron import checkpoint as ckpt
+        from megatron_packing.demo import checkpoint as ckpt
 
         for step in steps:
             ckpt.save_checkpoint(tmp, step, 0, {"x": step}, keep=10,

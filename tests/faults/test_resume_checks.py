@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megatron_packing.megatron import checkpoint as ckpt
+from megatron_packing.demo import checkpoint as ckpt
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 from megatron_packing.padded.sampler import TokenBudgetBatchSampler
 from megatron_packing.stream.base_order import SequentialSampler

@@ -20,7 +20,7 @@ import pytest
 from megatron_packing.config import ConfigError
 from megatron_packing.config.training import load_training_config
 from megatron_packing.loader.metrics import read_jsonl
-from megatron_packing.megatron import checkpoint as ckpt
+from megatron_packing.demo import checkpoint as ckpt
 
 from .run_faults_helpers import (
     children_of,
