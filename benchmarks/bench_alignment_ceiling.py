@@ -56,7 +56,7 @@ def main() -> None:
             lengths, max_deferred_examples=args.max_deferred, **common)
         ceiling, fewest = contiguous_path_bounds(
             lengths, batch_size=batch, capacity=capacity, dp_size=dp,
-            variation=allowed_batch_variation(batch, 0.05), steps=args.steps)
+            v=allowed_batch_variation(batch, 0.05), steps=args.steps)
         report.print(
             f"| {batch} / {capacity} / {dp} | {args.steps} | {fixed.aligned_fraction:.1%} "
             f"| {exhaustive.aligned_fraction:.1%} | {ours.aligned_fraction:.1%} "

@@ -98,9 +98,9 @@ def _inspect_config(args: argparse.Namespace) -> int:
     for key, value in packing.to_dict().items():
         note = "   (the example order's seed: the one `train` uses)" if key == "seed" else ""
         print(f"  {key}: {value}{note}")
-    print(f"  v (allowed batch variation): {packing.allowed_variation} examples "
-          f"-> batch size in [{packing.global_batch_size - packing.allowed_variation}, "
-          f"{packing.global_batch_size + packing.allowed_variation}]")
+    print(f"  v (allowed batch variation): {packing.v} examples "
+          f"-> batch size in [{packing.global_batch_size - packing.v}, "
+          f"{packing.global_batch_size + packing.v}]")
     if args.data or args.with_data:
         from megatron_packing.reports.commands import inspect_data
 

@@ -167,14 +167,14 @@ class PlannerConfig:
             raise ConfigError(
                 f"{_key(self, 'max_deferred_examples')}={deferred} needs "
                 f"{_key(self, 'align_to_dp')}: true (deferral only serves alignment); set it to 0")
-        if deferred and deferred >= self.batch_size - self.variation:
+        if deferred and deferred >= self.batch_size - self.v:
             raise ConfigError(
                 f"{_key(self, 'max_deferred_examples')}={deferred} must be below the smallest "
-                f"step size B - v = {self.batch_size - self.variation}, so the next step can "
+                f"step size B - v = {self.batch_size - self.v}, so the next step can "
                 "take them all")
 
     @property
-    def variation(self) -> int:
+    def v(self) -> int:
         """v = floor(B x allowed_variation), in examples."""
         return allowed_batch_variation(self.batch_size, self.allowed_variation)
 
@@ -267,9 +267,9 @@ class PackedSamplerConfig:
         return self.planner.align_to_dp and not self.eval_mode
 
     @property
-    def variation(self) -> int:
+    def v(self) -> int:
         """v when steps align, else 0."""
-        return self.planner.variation if self.align_to_dp else 0
+        return self.planner.v if self.align_to_dp else 0
 
     @property
     def max_deferred_examples(self) -> int:

@@ -88,9 +88,9 @@ class PackingConfig:
 
     # ---------------------------------------------------------------- derived values
     @property
-    def allowed_variation(self) -> int:
+    def v(self) -> int:
         """v, in examples."""
-        return self.planner.variation
+        return self.planner.v
 
     @property
     def alignment(self) -> Alignment:

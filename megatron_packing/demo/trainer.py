@@ -337,7 +337,7 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
     stop = min(tc.steps, spec.stop_after) if spec.stop_after is not None else tc.steps
     if rank == 0 and not spec.quiet:
         print(f"[train] dp={world} steps {start_step}->{stop} of {tc.steps}, "
-              f"B={cfg.packing.global_batch_size} v={cfg.packing.allowed_variation} "
+              f"B={cfg.packing.global_batch_size} v={cfg.packing.v} "
               f"{_mode_text(cfg)} backend={tc.backend} workers={workers}", flush=True)
 
     def checkpoint(at: int) -> None:

@@ -24,9 +24,9 @@ class PackedMicroBatch:
     """One bin in THD layout: sequences laid end to end in a single row.
 
     ``cu_seqlens`` holds the real (unpadded) sequence boundaries; ``cu_seqlens_padded`` holds
-    the aligned ones, and its last entry is the row length. Sequence ``i`` occupies
+    the padded ones, and its last entry is the row length. Sequence ``i`` occupies
     ``tokens[0, cu_seqlens_padded[i] : cu_seqlens_padded[i] + (cu_seqlens[i+1] - cu_seqlens[i])]``;
-    the rest of its aligned segment is padding with zero loss.
+    the rest of its padded segment is padding with zero loss.
     """
 
     tokens: torch.Tensor  # [1, T] int64
@@ -35,7 +35,7 @@ class PackedMicroBatch:
     position_ids: torch.Tensor  # [1, T] int64, restarting at 0 for every sequence
     cu_seqlens: torch.Tensor  # [n + 1] int32
     cu_seqlens_padded: torch.Tensor  # [n + 1] int32
-    max_seqlen: int  # longest aligned sequence in the row
+    max_seqlen: int  # longest padded sequence in the row
     example_indices: tuple[int, ...] = ()  # dataset indices; empty for a placeholder row
     is_placeholder: bool = False
 
@@ -104,7 +104,7 @@ class PackedCollator:
         """Where each sequence of a bin goes in its row (a placeholder row when it is empty)."""
         align = self.alignment
         if not indices:
-            length = -(-align.aligned_length(1) // align.bin_multiple) * align.bin_multiple
+            length = -(-align.padded_length(1) // align.bin_multiple) * align.bin_multiple
             if self.pad_bins_to_capacity:
                 length = max(length, self.bin_capacity)
             return _RowLayout((), [], np.array([1]), np.array([length]))
@@ -117,7 +117,7 @@ class PackedCollator:
             keep = truncated.get(index, len(ids))
             sequences.append((ids[:keep], mask[:keep]))
         real = np.array([len(ids) for ids, _ in sequences], dtype=np.int64)
-        padded = np.array([align.aligned_length(int(n)) for n in real], dtype=np.int64)
+        padded = np.array([align.padded_length(int(n)) for n in real], dtype=np.int64)
         total = int(padded.sum())
         row_length = -(-total // align.bin_multiple) * align.bin_multiple
         if self.pad_bins_to_capacity:
@@ -172,7 +172,7 @@ class PackedCollator:
 
 @dataclass
 class _RowLayout:
-    """One bin's sequences and their real and aligned lengths (a placeholder has none)."""
+    """One bin's sequences and their real and padded lengths (a placeholder has none)."""
 
     indices: tuple[int, ...]
     sequences: list[tuple[np.ndarray, np.ndarray]]

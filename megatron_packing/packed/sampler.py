@@ -138,14 +138,14 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
         # smaller batches, giving ranks placeholder rows.
         self.align_to_dp = config.align_to_dp
         self.variation_fraction = planner.allowed_variation
-        self.variation = config.variation
+        self.v = config.v
         self.alignment = packer.alignment
         self.packer = make_seq_packer(
             packer.algorithm, bin_capacity=self.bin_capacity, alignment=self.alignment,
             oversize_policy=packer.oversize_policy,
         )
         self.effective_lengths = np.asarray(self.packer.effective_lengths(self.lengths), dtype=np.int64)
-        self.aligned_lengths = self.alignment.aligned_lengths(self.effective_lengths)
+        self.padded_lengths = self.alignment.padded_lengths(self.effective_lengths)
         if loss_token_counts is not None:
             counts = np.asarray(loss_token_counts, dtype=np.int64)
             if counts.shape != self.lengths.shape:
@@ -238,7 +238,7 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
             steps_left_in_run = self.total_steps - cursor.step
         return StepContext(
             batch_size=self.batch_size,
-            variation=self.variation,
+            v=self.v,
             drift=cursor.drift,
             remaining=cursor.order.remaining + len(cursor.carry),
             steps_left_in_epoch=self.steps_per_epoch - cursor.step_in_epoch,
@@ -256,11 +256,11 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
         if ahead.size and (ahead.min() < 0 or ahead.max() >= len(self.lengths)):
             bad = int(ahead[(ahead < 0) | (ahead >= len(self.lengths))][0])
             raise IndexError(f"the base sampler yielded index {bad}, outside [0, {len(self.lengths)})")
-        decision = self.sizer.decide(self.effective_lengths[ahead], self.aligned_lengths[ahead], context,
+        decision = self.sizer.decide(self.effective_lengths[ahead], self.padded_lengths[ahead], context,
                                      forced=cursor.deferred)
         if decision.hopeless and not cursor.warned_hopeless:
             cursor.warned_hopeless = True
-            remedy = alignment_remedy(self.aligned_lengths[ahead], self.packer.usable_capacity,
+            remedy = alignment_remedy(self.padded_lengths[ahead], self.packer.usable_capacity,
                                       self.batch_size, self.dp_size)
             warnings.warn(
                 f"a step of about {self.batch_size} examples packs into fewer bins than the "
@@ -334,7 +334,7 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
             "lengths_sha256": digest[:24],
             "num_examples": self.num_examples,
             "batch_size": self.batch_size,
-            "allowed_variation": self.variation,
+            "v": self.v,
             "dp_size": self.dp_size,
             "bin_capacity": self.bin_capacity,
             "alignment": [self.alignment.seq_multiple, self.alignment.bin_multiple],

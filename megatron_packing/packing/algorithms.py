@@ -3,8 +3,8 @@
 A packer turns example lengths into bins: lists of positions into the input. Steps:
 
 1. validate lengths (positive integers, 1-D);
-2. apply the oversize policy to items whose aligned length exceeds the usable capacity;
-3. sort aligned sizes largest first, ties by original position (a stable sort on
+2. apply the oversize policy to items whose padded length exceeds the usable capacity;
+3. sort padded sizes largest first, ties by original position (a stable sort on
    ``(-size, position)``), and run the algorithm;
 4. enforce ``min_bin_count`` / ``bin_count_multiple`` by balanced splitting.
 
@@ -42,7 +42,7 @@ class PackingAlgorithm(StrEnum):
 
 
 class OversizePolicy(StrEnum):
-    """What to do with an example whose aligned length exceeds the usable capacity."""
+    """What to do with an example whose padded length exceeds the usable capacity."""
 
     ERROR = "error"
     TRUNCATE = "truncate"
@@ -142,7 +142,7 @@ class SeqPacker(ABC):
 
     @property
     def usable_capacity(self) -> int:
-        """Capacity rounded down to the per-bin multiple: the budget for aligned lengths."""
+        """Capacity rounded down to the per-bin multiple: the budget for padded lengths."""
         return self._usable
 
     def __repr__(self) -> str:
@@ -160,22 +160,22 @@ class SeqPacker(ABC):
     def _prepare(self, lengths: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Aligned effective sizes and the mask of ``own_bin`` oversize items."""
         raw = validate_lengths(lengths)
-        aligned = self._alignment.aligned_lengths(raw)
-        over = aligned > self._usable
+        padded = self._alignment.padded_lengths(raw)
+        over = padded > self._usable
         if not over.any():
-            return aligned, over
+            return padded, over
         if self.oversize_policy is OversizePolicy.ERROR:
             pos = int(np.flatnonzero(over)[0])
             raise OversizeSequenceError(
-                f"example at position {pos} has length {int(raw[pos])} (aligned length "
-                f"{int(aligned[pos])}), which exceeds the usable bin capacity {self._usable} "
+                f"example at position {pos} has length {int(raw[pos])} (padded length "
+                f"{int(padded[pos])}), which exceeds the usable bin capacity {self._usable} "
                 f"(bin_capacity {self._bin_capacity}); use oversize_policy 'truncate' or "
                 f"'own_bin', or a larger bin_capacity"
             )
         if self.oversize_policy is OversizePolicy.TRUNCATE:
             eff = np.minimum(raw, self._max_len)
-            return self._alignment.aligned_lengths(eff), np.zeros(len(raw), dtype=bool)
-        return aligned, over
+            return self._alignment.padded_lengths(eff), np.zeros(len(raw), dtype=bool)
+        return padded, over
 
     def effective_lengths(self, lengths: Sequence[int] | np.ndarray) -> np.ndarray:
         """Lengths after the oversize policy (``truncate`` clips to the longest that fits)."""
@@ -186,7 +186,7 @@ class SeqPacker(ABC):
         return raw
 
     def lower_bound(self, lengths: Sequence[int] | np.ndarray) -> int:
-        """Fewest bins possible: ceil(aligned total / usable capacity), own-bin items one each."""
+        """Fewest bins possible: ceil(padded total / usable capacity), own-bin items one each."""
         return self._lower_bound(*self._prepare(lengths))
 
     def _lower_bound(self, sizes: np.ndarray, own: np.ndarray) -> int:

@@ -21,7 +21,7 @@ FP8 ``blockwise``      (unchanged)     lcm(above, 128 x tp x cp) when tp > 1,
 =====================  ==============  ================================================
 
 ``None`` as the FP8 recipe means the default (``delayed``) recipe. A bin fits when the sum
-of its aligned sequence lengths is at most :meth:`Alignment.usable_capacity`, which is the same
+of its padded sequence lengths is at most :meth:`Alignment.usable_capacity`, which is the same
 as its :meth:`Alignment.footprint` being at most the capacity.
 """
 
@@ -50,13 +50,13 @@ class Alignment:
         for name in ("seq_multiple", "bin_multiple"):
             object.__setattr__(self, name, _positive_int(getattr(self, name), name))
 
-    def aligned_length(self, length: int) -> int:
+    def padded_length(self, length: int) -> int:
         """``length`` rounded up to the per-sequence multiple."""
         m = self.seq_multiple
         return -(-int(length) // m) * m  # -(-a // m) is ceil(a / m) in integers
 
-    def aligned_lengths(self, lengths: Iterable[int] | np.ndarray) -> np.ndarray:
-        """Vectorised :meth:`aligned_length`; returns int64."""
+    def padded_lengths(self, lengths: Iterable[int] | np.ndarray) -> np.ndarray:
+        """Vectorised :meth:`padded_length`; returns int64."""
         arr = np.asarray(lengths, dtype=np.int64)
         m = self.seq_multiple
         if m == 1:
@@ -64,15 +64,15 @@ class Alignment:
         return -(-arr // m) * m
 
     def footprint(self, lengths: Iterable[int] | np.ndarray) -> int:
-        """Tokens a bin holding ``lengths`` occupies: aligned sum, rounded up once per bin."""
-        total = int(self.aligned_lengths(lengths).sum())
+        """Tokens a bin holding ``lengths`` occupies: padded sum, rounded up once per bin."""
+        total = int(self.padded_lengths(lengths).sum())
         m = self.bin_multiple
         return -(-total // m) * m
 
     def usable_capacity(self, bin_capacity: int) -> int:
         """Largest multiple of the per-bin multiple not above ``bin_capacity``.
 
-        A bin fits iff the sum of its aligned lengths is at most this value.
+        A bin fits iff the sum of its padded lengths is at most this value.
         """
         cap = _positive_int(bin_capacity, "bin_capacity")
         m = self.bin_multiple
@@ -85,7 +85,7 @@ class Alignment:
         return (cap // m) * m
 
     def max_sequence_length(self, bin_capacity: int) -> int:
-        """Longest raw sequence whose aligned length still fits an empty bin."""
+        """Longest raw sequence whose padded length still fits an empty bin."""
         usable = self.usable_capacity(bin_capacity)
         # Rounding up to a multiple never passes the next multiple, so any length up to the
         # largest multiple of seq_multiple within ``usable`` aligns to at most ``usable``.

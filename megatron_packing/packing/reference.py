@@ -47,7 +47,7 @@ def _padding(count: int, dp: int) -> int:
 
 
 def plan_exhaustively(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int,
-                      variation: int, steps: int, algorithm: str = "mffd") -> ReferenceRun:
+                      v: int, steps: int, algorithm: str = "mffd") -> ReferenceRun:
     """Plan ``steps`` steps over ``lengths``, packing every size of each step's window."""
     packer = make_seq_packer(algorithm, bin_capacity=capacity, oversize_policy="truncate")
     if len(lengths) < steps * batch_size:
@@ -60,7 +60,7 @@ def plan_exhaustively(lengths: np.ndarray, *, batch_size: int, capacity: int, dp
     bins = padding = aligned = 0
     for step in range(steps):
         started = time.perf_counter()
-        context = StepContext(batch_size, variation, drift, len(lengths) - position,
+        context = StepContext(batch_size, v, drift, len(lengths) - position,
                               steps - step, steps - step)
         lowest, highest, target = context.window()
         order = [target] + [k for d in range(1, highest - lowest + 1)
@@ -92,21 +92,21 @@ def plan_exhaustively(lengths: np.ndarray, *, batch_size: int, capacity: int, dp
 
 
 def best_contiguous_path(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int,
-                         variation: int, steps: int, algorithm: str = "mffd") -> int:
+                         v: int, steps: int, algorithm: str = "mffd") -> int:
     """The most steps whose natural bin count divides by dp, over every admissible path."""
     return contiguous_path_bounds(lengths, batch_size=batch_size, capacity=capacity,
-                                  dp_size=dp_size, variation=variation, steps=steps,
+                                  dp_size=dp_size, v=v, steps=steps,
                                   algorithm=algorithm)[0]
 
 
 def contiguous_path_bounds(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int,
-                           variation: int, steps: int, algorithm: str = "mffd") -> tuple[int, int]:
+                           v: int, steps: int, algorithm: str = "mffd") -> tuple[int, int]:
     """Over every admissible contiguous path: (most aligned steps, fewest bins after padding
     each step's natural count up to a multiple of dp). Two dynamic programmes, one packing of
     each segment."""
     packer = make_seq_packer(algorithm, bin_capacity=capacity, oversize_policy="truncate")
     lengths = np.asarray(packer.effective_lengths(lengths), dtype=np.int64)
-    batch, v = batch_size, variation
+    batch = batch_size
     most = {0: 0}  # offset of the previous boundary from its nominal place -> most aligned so far
     fewest = {0: 0}  # the same boundary -> fewest bins so far
     for j in range(1, steps + 1):

@@ -366,7 +366,7 @@ def format_simulation(result: ConfigSimulation) -> str:
         f"B = {p.global_batch_size}{inputs.default_note('global_batch_size')}, "
         f"bin_capacity = {p.bin_capacity}{inputs.default_note('bin_capacity')}, "
         f"dp = {inputs.dp_size}, variation = {p.packing_batch_size_allowed_variation} "
-        f"(v = {p.allowed_variation}), {p.packing_algorithm}, {p.base_order} order, "
+        f"(v = {p.v}), {p.packing_algorithm}, {p.base_order} order, "
         f"{result.fixed.steps} steps; lengths p50 {np.percentile(lengths, 50):.0f}, "
         f"p99 {np.percentile(lengths, 99):.0f}, max {lengths.max()}, "
         f"{int((lengths > p.bin_capacity).sum()):,} longer than the capacity",

@@ -190,7 +190,7 @@ def simulate_exhaustive(lengths: np.ndarray, *, batch_size: int, capacity: int, 
     """The exhaustive reference planner over the same stream, measured like `simulate`."""
     v = allowed_batch_variation(batch_size, variation)
     run: ReferenceRun = plan_exhaustively(lengths, batch_size=batch_size, capacity=capacity,
-                                          dp_size=dp_size, variation=v, steps=steps,
+                                          dp_size=dp_size, v=v, steps=steps,
                                           algorithm=algorithm)
     times = step_times([(bins, balanced_rank_bins(bins, dp_size)) for bins in run.step_bins])
     return SimulationResult(
@@ -211,7 +211,7 @@ def ceiling_aligned_steps(lengths: np.ndarray, *, batch_size: int, capacity: int
     """Steps aligned on the offline best contiguous path (see `best_contiguous_path`)."""
     v = allowed_batch_variation(batch_size, variation)
     return best_contiguous_path(lengths, batch_size=batch_size, capacity=capacity, dp_size=dp_size,
-                                variation=v, steps=steps, algorithm=algorithm)
+                                v=v, steps=steps, algorithm=algorithm)
 
 
 def _cv(values) -> float:

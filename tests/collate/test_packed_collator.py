@@ -179,9 +179,9 @@ def check_row(mb, dataset, alignment, truncated, capacity, pad_to_capacity):
         assert cu[i + 1] - cu[i] == keep
         assert seg % alignment.seq_multiple == 0
         if i < last:
-            assert seg == alignment.aligned_length(keep)  # only the last segment grows
+            assert seg == alignment.padded_length(keep)  # only the last segment grows
         else:
-            assert seg >= alignment.aligned_length(keep)
+            assert seg >= alignment.padded_length(keep)
         np.testing.assert_array_equal(tokens[start:start + keep], ids)
         assert (tokens[start + keep:start + seg] == PAD).all()
         np.testing.assert_array_equal(labels[start:start + keep - 1], ids[1:])

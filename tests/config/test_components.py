@@ -135,8 +135,8 @@ OBSERVED = {
     "global_batch_size": lambda b: (b["sampler"].batch_size, b["padded"].global_batch_size),
     "bin_capacity": lambda b: (b["sampler"].packer.bin_capacity, b["collator"].bin_capacity),
     "use_sequence_packing": lambda b: (type(b["loader"].batch_sampler).__name__,),
-    "align_packing_bins_to_dp": lambda b: (b["sampler"].align_to_dp, b["sampler"].variation),
-    "packing_batch_size_allowed_variation": lambda b: (b["sampler"].variation,),
+    "align_packing_bins_to_dp": lambda b: (b["sampler"].align_to_dp, b["sampler"].v),
+    "packing_batch_size_allowed_variation": lambda b: (b["sampler"].v,),
     "packing_algorithm": lambda b: (type(b["sampler"].packer).__name__,),
     "oversize_policy": lambda b: (str(b["sampler"].packer.oversize_policy.value),),
     "max_tokens_per_microbatch": lambda b: (b["padded"].max_tokens,),
@@ -222,7 +222,7 @@ def test_components_refuse_bad_values_and_combinations(make, message):
 
 def test_components_normalise_numpy_values_and_are_frozen():
     planner = PlannerConfig(batch_size=np.int64(24), allowed_variation=np.float32(0.125))
-    assert type(planner.batch_size) is int and planner.variation == 3
+    assert type(planner.batch_size) is int and planner.v == 3
     config = PackingConfig(planner=planner)
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.planner = planner  # type: ignore[misc]

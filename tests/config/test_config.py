@@ -39,7 +39,7 @@ def test_packing_section_and_flat_form_read_the_same(tmp_path):
     flat = load_config(write(tmp_path, values, "b.yaml"), dp_size=8)
     assert nested == flat
     assert nested.global_batch_size == 64 and nested.packing_algorithm == "ffd"
-    assert nested.allowed_variation == 6
+    assert nested.v == 6
     assert load_config(write(tmp_path, "", "empty.yaml")) == PackingConfig()
 
 
@@ -48,7 +48,7 @@ def test_packing_section_and_flat_form_read_the_same(tmp_path):
 def test_allowed_batch_variation_is_the_one_definition_of_v(batch, variation, v):
     assert allowed_batch_variation(batch, variation) == v
     config = PackingConfig(global_batch_size=batch, packing_batch_size_allowed_variation=variation)
-    assert config.allowed_variation == v
+    assert config.v == v
     assert check_batch_window(batch, variation, None) == v
 
 

@@ -59,7 +59,7 @@ ORDER_CHANGES = [
     ("dataset_lengths", dict(dataset=OTHER_LENGTHS), "lengths_sha256", None, None),
     ("dataset_size", dict(dataset=SHORTER), "num_examples", 160, 150),
     ("global_batch_size", dict(global_batch_size=32), "batch_size", 30, 32),
-    ("variation", dict(packing_batch_size_allowed_variation=0.2), "allowed_variation", 3, 6),
+    ("variation", dict(packing_batch_size_allowed_variation=0.2), "v", 3, 6),
     ("dp_size", dict(dp_size=4, dp_rank=1), "dp_size", 2, 4),
     ("bin_capacity", dict(bin_capacity=2048), "bin_capacity", 1024, 2048),
     ("algorithm", dict(packing_algorithm="bfd"), "algorithm", "mffd", "bfd"),

@@ -19,8 +19,8 @@ import pytest
 
 from megatron_packing.config import ConfigError
 from megatron_packing.config.training import load_training_config
-from megatron_packing.loader.metrics import read_jsonl
 from megatron_packing.demo import checkpoint as ckpt
+from megatron_packing.loader.metrics import read_jsonl
 
 from .run_faults_helpers import (
     children_of,

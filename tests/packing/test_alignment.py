@@ -45,7 +45,7 @@ def test_alignment_with_fp8(tp: int, cp: int, recipe: str | None) -> None:
 def test_aggregate_padding_is_paid_once_per_bin() -> None:
     # cp=2, tp=1: sequences pad to 4, the bin to 4 as well.
     a = make_alignment(1, 2)
-    assert a.aligned_lengths([5, 3, 8]).tolist() == [8, 4, 8]
+    assert a.padded_lengths([5, 3, 8]).tolist() == [8, 4, 8]
     assert a.footprint([5, 3, 8]) == 20
     # FP8 at tp=1, cp=1: sequences unpadded, bin padded to 16 once: 10+7+3=20 -> 32, not 3x16.
     f = make_alignment(1, 1, fp8_enabled=True)
@@ -62,8 +62,8 @@ def test_usable_capacity_and_max_sequence_length() -> None:
     a = Alignment(seq_multiple=8, bin_multiple=64)
     assert a.usable_capacity(1000) == 960
     assert a.max_sequence_length(1000) == 960
-    assert a.aligned_length(953) == 960
-    assert a.aligned_length(961) == 968
+    assert a.padded_length(953) == 960
+    assert a.padded_length(961) == 968
     with pytest.raises(ValueError, match="per-bin multiple 64"):
         a.usable_capacity(63)
     odd = Alignment(seq_multiple=3, bin_multiple=1)

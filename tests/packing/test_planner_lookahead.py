@@ -41,7 +41,7 @@ def brute_best(judge: PairJudge, context: StepContext | None, position: int, dep
              depth: int) -> int | None:
         if depth == 0:
             return 0
-        ctx = StepContext(context.batch_size, context.variation, drift, remaining, left_epoch, left_run)
+        ctx = StepContext(context.batch_size, context.v, drift, remaining, left_epoch, left_run)
         lowest, highest, _ = ctx.window()
         found = None
         for size in range(lowest, highest + 1):
@@ -156,5 +156,5 @@ def test_every_boundary_leaves_an_example_for_each_later_step(case):
             assert steps_after == 0 and layer.positions.tolist() == [context.remaining]
         else:
             assert (layer.positions <= context.remaining - steps_after).all()
-            assert (np.abs(layer.offsets) <= context.variation).all()
+            assert (np.abs(layer.offsets) <= context.v).all()
         assert (layer.positions <= available).all()

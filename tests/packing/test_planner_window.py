@@ -103,7 +103,7 @@ def test_the_sampler_never_plans_an_empty_step_on_epoch_tails(batch, variation, 
     assert all(p.num_examples >= 1 for p in plans)
     assert sorted(i for p in plans for i in p.example_indices) == list(range(count))
     assert len(plans) == -(-count // batch)
-    assert all(abs(p.drift) <= sampler.variation for p in plans[:-1])
+    assert all(abs(p.drift) <= sampler.v for p in plans[:-1])
 
 
 def test_worked_windows():

@@ -38,7 +38,7 @@ def test_pack_is_a_fitting_partition(inst) -> None:
     check_fits(bins, lengths, alignment, capacity)
     assert all(bins)
     assert len(bins) >= packer.lower_bound(lengths)
-    total = int(alignment.aligned_lengths(lengths).sum())
+    total = int(alignment.padded_lengths(lengths).sum())
     assert len(bins) >= -(-total // packer.usable_capacity)
     # Deterministic, and list / numpy inputs agree.
     assert packer.pack(np.asarray(lengths, dtype=np.int32)) == bins
@@ -245,7 +245,7 @@ def test_oversize_policies(inst, policy, n_long, data) -> None:
     bins = packer.pack(lengths)
     check_partition(bins, len(lengths))
     effective = packer.effective_lengths(lengths)
-    oversize = alignment.aligned_lengths(effective) > packer.usable_capacity
+    oversize = alignment.padded_lengths(effective) > packer.usable_capacity
     assert oversize.sum() == (n_long if policy == "own_bin" else 0)
     for b in bins:
         if len(b) == 1 and oversize[b[0]]:

@@ -41,7 +41,7 @@ def check_plan_shape(plan: StepPlan, sampler: DPAlignedPackingBatchSampler) -> N
         if not b:
             continue
         footprint = sampler.alignment.footprint(sampler.effective_lengths[list(b)])
-        own_bin = len(b) == 1 and sampler.aligned_lengths[b[0]] > sampler.packer.usable_capacity
+        own_bin = len(b) == 1 and sampler.padded_lengths[b[0]] > sampler.packer.usable_capacity
         assert footprint <= capacity or own_bin
     assert plan.num_tokens == int(np.sum(sampler.effective_lengths[list(plan.example_indices)]))
     if plan.aligned:
@@ -51,7 +51,7 @@ def check_plan_shape(plan: StepPlan, sampler: DPAlignedPackingBatchSampler) -> N
 def check_stream(sampler: DPAlignedPackingBatchSampler, epochs: list[list[StepPlan]],
                  first_epoch: int = 0) -> None:
     """Every DESIGN.md stream invariant over a run of whole epochs."""
-    batch, v = sampler.batch_size, sampler.variation
+    batch, v = sampler.batch_size, sampler.v
     total_steps = sampler.total_steps
     step = 0
     for e, plans in enumerate(epochs):

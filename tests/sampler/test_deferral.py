@@ -27,7 +27,7 @@ def make(lengths, steps, **options):
 
 def check_deferred_stream(sampler, plans, lengths_count):
     """Every example once, in order or one step late; deferred examples lead the next step."""
-    v = sampler.variation
+    v = sampler.v
     seen = []
     position, drift = 0, 0
     carried: tuple[int, ...] = ()

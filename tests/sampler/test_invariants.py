@@ -96,7 +96,7 @@ def test_bins_divide_by_dp_whenever_some_size_in_the_window_allows_it(s):
 
 
 def _window(sampler, drift, remaining, steps_left):
-    batch, v = sampler.batch_size, sampler.variation
+    batch, v = sampler.batch_size, sampler.v
     if steps_left == 1:
         return [remaining]
     lowest = max(batch - v, batch - v - drift, 1)

@@ -56,7 +56,7 @@ def plans_of(lengths, batch, dp, capacity, steps, **options) -> tuple[DPAlignedP
 def exhaustive(lengths, batch, dp, capacity, steps):
     """The exhaustive reference on the same stream (variation 0.05, as `plans_of` uses)."""
     return plan_exhaustively(lengths, batch_size=batch, capacity=capacity, dp_size=dp,
-                             variation=allowed_batch_variation(batch, 0.05), steps=steps)
+                             v=allowed_batch_variation(batch, 0.05), steps=steps)
 
 
 # ---------------------------------------------------------------------------- the target
@@ -66,7 +66,7 @@ def test_a_step_aims_at_b_minus_drift(drift):
     packer = make_seq_packer("mffd", bin_capacity=1000)
     sizer = StepSizer(packer, 1)
     lengths = np.full(200, 100, dtype=np.int64)
-    context = StepContext(batch_size=64, variation=6, drift=drift, remaining=1000,
+    context = StepContext(batch_size=64, v=6, drift=drift, remaining=1000,
                           steps_left_in_epoch=10)
     decision = sizer.decide(lengths, lengths, context)
     assert decision.size == 64 - drift
@@ -83,7 +83,7 @@ def test_on_a_real_pool_a_step_carries_the_tokens_of_b_minus_drift_examples(star
     tokens = np.concatenate(([0], np.cumsum(lengths)))
     chosen = []
     for drift in (-5, -2, 0, 3, 5):
-        context = StepContext(batch_size=batch, variation=v, drift=drift, remaining=10_000,
+        context = StepContext(batch_size=batch, v=v, drift=drift, remaining=10_000,
                               steps_left_in_epoch=50)
         window = range(max(batch - v, batch - v - drift), min(batch + v, batch + v - drift) + 1)
         goal = lengths.mean() * (batch - drift)
@@ -298,7 +298,7 @@ def test_a_small_window_is_searched_whole_by_default():
     position, drift, checked = 0, 0, 0
     for j, plan in enumerate(plans[:-1]):
         if not plan.aligned:
-            context = StepContext(batch, sampler.variation, drift, len(lengths) - position, steps - j,
+            context = StepContext(batch, sampler.v, drift, len(lengths) - position, steps - j,
                                   steps - j)
             lowest, highest, _ = context.window()
             assert plan.packs >= highest - lowest + 1  # every size was packed

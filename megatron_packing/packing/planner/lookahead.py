@@ -46,7 +46,7 @@ class Onward:
         valid = self.layer.positions - size >= 1
         if not self.layer.tail:
             drift = context.drift + size - context.batch_size
-            valid &= np.abs(self.layer.offsets - drift) <= context.variation
+            valid &= np.abs(self.layer.offsets - drift) <= context.v
         if not valid.any():
             return -1, None
         most = int(self.best[valid].max())
@@ -55,7 +55,7 @@ class Onward:
 
 def boundary_layers(context: StepContext, first_size: int, horizon: int, available: int) -> list[Layer]:
     """The boundaries of the steps after this one, up to ``horizon`` steps in all."""
-    batch, v = context.batch_size, context.variation
+    batch, v = context.batch_size, context.v
     # The stream stands at (steps taken) x B + drift, so the boundary after ``layer`` more
     # steps, ``offset`` from its nominal place, is ``layer x B - drift + offset`` ahead.
     layers: list[Layer] = []
@@ -85,13 +85,13 @@ def boundary_layers(context: StepContext, first_size: int, horizon: int, availab
 
 
 def best_onward(offsets: np.ndarray, positions: np.ndarray, following: Layer,
-                best_after: np.ndarray, judge: SegmentJudge, variation: int) -> np.ndarray:
+                best_after: np.ndarray, judge: SegmentJudge, v: int) -> np.ndarray:
     """Most aligned steps from each boundary, over the step to ``following`` and on (-1: none)."""
     # A step takes at least one example, and its size B + (offset change) stays within
     # B +- v, so consecutive offsets differ by at most v (the tail takes what is left).
     valid = following.positions[None, :] - positions[:, None] >= 1
     if not following.tail:
-        valid &= np.abs(following.offsets[None, :] - offsets[:, None]) <= variation
+        valid &= np.abs(following.offsets[None, :] - offsets[:, None]) <= v
     if judge.broadcasts:
         # O(1) per pair from prefix sums: judge the whole grid at once (no gathers).
         ok = judge(positions[:, None], following.positions[None, :])
@@ -103,12 +103,12 @@ def best_onward(offsets: np.ndarray, positions: np.ndarray, following: Layer,
     return gain.max(axis=1)
 
 
-def _backward(layers: list[Layer], judge: SegmentJudge, variation: int) -> np.ndarray:
+def _backward(layers: list[Layer], judge: SegmentJudge, v: int) -> np.ndarray:
     """Most aligned steps from each boundary of the first layer to the horizon."""
     best = np.zeros(layers[-1].positions.size, dtype=np.int64)
     for index in range(len(layers) - 2, -1, -1):
         layer = layers[index]
-        best = best_onward(layer.offsets, layer.positions, layers[index + 1], best, judge, variation)
+        best = best_onward(layer.offsets, layer.positions, layers[index + 1], best, judge, v)
     return best
 
 
@@ -119,10 +119,10 @@ def future_alignment(judge: SegmentJudge, available: int, context: StepContext, 
     chosen = np.asarray(sizes, dtype=np.int64)
     if not layers:
         return {int(k): 0 for k in chosen}
-    best = _backward(layers, judge_later or judge, context.variation)
+    best = _backward(layers, judge_later or judge, context.v)
     # Taking k examples now leaves the first boundary at offset drift + k - B.
     future = best_onward(context.drift + chosen - context.batch_size, chosen, layers[0], best,
-                         judge, context.variation)
+                         judge, context.v)
     return {int(k): max(int(f), 0) for k, f in zip(chosen, future, strict=True)}
 
 
@@ -133,4 +133,4 @@ def onward_alignment(judge: SegmentJudge, available: int, context: StepContext, 
     layers = boundary_layers(context, sizes[0], horizon, available) if sizes else []
     if not layers:
         return None
-    return Onward(layers[0], _backward(layers, judge, context.variation))
+    return Onward(layers[0], _backward(layers, judge, context.v))

@@ -42,7 +42,7 @@ class StepContext:
     """Where the stream stands before a step; everything the window depends on."""
 
     batch_size: int  # B
-    variation: int  # v
+    v: int  # the window half-width floor(B x allowed_variation), in examples
     drift: int  # examples emitted in this epoch minus steps taken x B
     remaining: int  # examples left in the epoch, >= 1
     steps_left_in_epoch: int  # including this step, >= 1
@@ -62,7 +62,7 @@ class StepContext:
 
     def window(self) -> Window:
         """The sizes this step may take; lowest == highest when it is forced."""
-        batch, v, drift = self.batch_size, self.variation, self.drift
+        batch, v, drift = self.batch_size, self.v, self.drift
         if self.kind == STEP_EPOCH_TAIL:
             return Window(self.remaining, self.remaining, self.remaining)
         cap = self.room()
@@ -100,7 +100,7 @@ class StepContext:
         if steps <= 1 or self.after(highest) is None:
             return min(self.remaining, highest)
         # Any later step's window ends at most B + v past the previous boundary.
-        return min(self.remaining, highest + (steps - 1) * (self.batch_size + self.variation))
+        return min(self.remaining, highest + (steps - 1) * (self.batch_size + self.v))
 
 
 def outward(target: int, lowest: int, highest: int) -> Iterator[int]:
