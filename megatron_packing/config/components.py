@@ -10,8 +10,9 @@
 - `LoaderConfig`: the mode, the base order and its seed.
 
 The samplers take `PackedSamplerConfig` and `PaddedSamplerConfig`, which add the data-parallel
-size, the seed and evaluation; `WorkerConfig` holds the DataLoader's worker options. Their old
-keyword forms build these through `config_from_keywords`, so no setting is declared twice.
+size, the seed and evaluation; `WorkerConfig` holds the DataLoader's worker options. Their typed
+keyword forms (`config.keywords`) build these through `config_from_keywords`, so no default is
+written twice.
 Errors name the field's YAML key (``global_batch_size``, not ``batch_size``), the value and what
 would be valid.
 """

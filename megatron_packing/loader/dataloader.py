@@ -9,19 +9,17 @@ loader with another ``num_workers``; a state from another setup, or an empty one
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from megatron_packing.common.validation import require_int
 from megatron_packing.config import PackingConfig, WorkerConfig, config_or_keywords
+from megatron_packing.config.keywords import WorkerKeywords
 from megatron_packing.loader.state import sampler_state, saved_worker_count, stream_position
 from megatron_packing.packed.components import (
     build_packed_components,
-    build_packing_sampler,
     check_not_empty,
-    example_lengths,
-    truncated_loss_counts,
 )
 from megatron_packing.padded.components import build_padded_components
 
@@ -69,7 +67,7 @@ def build_sft_dataloader(
     eval_mode: bool = False,
     base_sampler: Any = None,
     workers: WorkerConfig | None = None,
-    **worker_options: Any,
+    **worker_options: Unpack[WorkerKeywords],
 ) -> StatefulDataLoader:
     """A `StatefulDataLoader` yielding this rank's batches, one optimizer step per item.
 
@@ -98,11 +96,4 @@ def build_sft_dataloader(
                              **workers.loader_options())
 
 
-__all__ = [
-    "PackingDataLoader",
-    "build_packing_sampler",
-    "build_sft_dataloader",
-    "check_not_empty",
-    "example_lengths",
-    "truncated_loss_counts",
-]
+__all__ = ["PackingDataLoader", "build_sft_dataloader"]

@@ -8,7 +8,7 @@ micro-batch count receives placeholder rows: valid, minimal-length rows with zer
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import torch
@@ -16,6 +16,7 @@ import torch
 from megatron_packing.common.plan_types import StepMetadata
 from megatron_packing.common.validation import require_positive_int
 from megatron_packing.config.components import CollatorConfig, config_or_keywords
+from megatron_packing.config.keywords import CollatorKeywords
 from megatron_packing.packing.alignment import Alignment
 
 
@@ -74,7 +75,7 @@ class PackedCollator:
         bin_capacity: int,
         *,
         config: CollatorConfig | None = None,
-        **settings: Any,
+        **settings: Unpack[CollatorKeywords],
     ) -> None:
         """Rows follow ``alignment`` within ``bin_capacity`` tokens; ``config`` (or its fields as
         keywords: ``pad_token_id``, ``pad_bins_to_capacity``) says how they are padded."""

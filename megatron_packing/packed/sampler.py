@@ -17,13 +17,14 @@ import time
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
 from megatron_packing.common.plan_types import StepPlan, TupleSequence
 from megatron_packing.common.validation import require_int, require_positive_int
 from megatron_packing.config.components import PackedSamplerConfig, config_or_keywords
+from megatron_packing.config.keywords import PackedSamplerKeywords
 from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, imbalance
 from megatron_packing.packing.factory import make_seq_packer
 from megatron_packing.packing.planner.feasibility import alignment_remedy
@@ -39,7 +40,8 @@ from megatron_packing.stream.state_checks import (
 from megatron_packing.stream.step_stream import OrderPosition, StepStream
 
 STATE_FORMAT_VERSION = 1
-STATE_KEYS = ("version", "fingerprint", "order", "carry", "step", "step_in_epoch", "drift")
+STATE_KEYS = ("version", "fingerprint", "order", "carry", "deferred", "step", "step_in_epoch",
+              "drift", "warned_hopeless")
 STATE_RULES = {"version": ("int", 1), "fingerprint": ("dict", None), "order": ("dict", None),
                "carry": ("int_list", 0), "deferred": ("int", 0), "step": ("int", 0),
                "step_in_epoch": ("int", 0), "drift": ("int", None),
@@ -105,11 +107,12 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
         dp_rank: int | None = None,
         total_steps: int | None = None,
         loss_token_counts: Sequence[int] | np.ndarray | None = None,
-        **settings: Any,
+        **settings: Unpack[PackedSamplerKeywords],
     ) -> None:
+        keywords: dict[str, Any] = dict(settings)
         given = {"batch_size": batch_size, "dp_size": dp_size}
-        settings.update({name: value for name, value in given.items() if value is not None})
-        config = config_or_keywords(PackedSamplerConfig, config, settings,
+        keywords.update({name: value for name, value in given.items() if value is not None})
+        config = config_or_keywords(PackedSamplerConfig, config, keywords,
                                     owner="DPAlignedPackingBatchSampler")
         packer, planner = config.packer, config.planner
         self.config = config
@@ -367,11 +370,11 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
         return PackedCursor(
             order=OrderPosition(EpochOrder(self.base_sampler, seed=self.seed), state["order"]),
             carry=[int(i) for i in state["carry"]],
-            deferred=int(state.get("deferred", 0)),
+            deferred=int(state["deferred"]),
             step=int(state["step"]),
             step_in_epoch=int(state["step_in_epoch"]),
             drift=int(state["drift"]),
-            warned_hopeless=bool(state.get("warned_hopeless", False)),
+            warned_hopeless=bool(state["warned_hopeless"]),
         )
 
     def check_state(self, state: Any) -> None:

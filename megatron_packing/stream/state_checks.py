@@ -51,7 +51,7 @@ def check_fingerprint(saved: Any, current: dict[str, Any]) -> None:
         raise ValueError(f"the sampler state's fingerprint is {type(saved).__name__}, not a dict")
     differing = [
         f"{key}: saved {saved[key]!r}, now {value!r}" if key in saved
-        else f"{key}: not recorded in the saved state (saved by an older version), now {value!r}"
+        else f"{key}: not recorded in the saved state, now {value!r}"
         for key, value in current.items()
         if key not in saved or saved[key] != value
     ]

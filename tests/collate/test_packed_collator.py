@@ -14,8 +14,8 @@ from torch.utils.data import SequentialSampler
 
 from megatron_packing.common.plan_types import StepPlan
 from megatron_packing.config import PackingConfig
-from megatron_packing.loader.dataloader import build_packing_sampler
 from megatron_packing.packed.collate import PackedCollator
+from megatron_packing.packed.components import build_packing_sampler
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler, PlannedBatch
 from megatron_packing.packing.alignment import make_alignment
 from megatron_packing.stream.fetch import PlannedDataset

@@ -15,12 +15,9 @@ from sampler.synthetic import SyntheticSFT, mixed_lengths
 from torch.utils.data import SequentialSampler
 
 from megatron_packing.config import ConfigError, PackingConfig, load_config
-from megatron_packing.loader.dataloader import (
-    PackingDataLoader,
-    build_packing_sampler,
-    build_sft_dataloader,
-)
+from megatron_packing.loader.dataloader import PackingDataLoader, build_sft_dataloader
 from megatron_packing.packed.collate import PackedCollator
+from megatron_packing.packed.components import build_packing_sampler
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 from megatron_packing.padded.sampler import TokenBudgetBatchSampler
 from megatron_packing.stream.fetch import PlannedDataset

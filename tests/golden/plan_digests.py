@@ -100,7 +100,7 @@ class LengthsOnly:
 def config_path_digest(steps: int, keys: dict[str, Any]) -> str:
     """Plans of the sampler the loader builds from a `PackingConfig` (random order, seeded)."""
     from megatron_packing.config import PackingConfig
-    from megatron_packing.loader.dataloader import build_packing_sampler
+    from megatron_packing.packed.components import build_packing_sampler
 
     config = PackingConfig.from_dict(keys).validate(4)
     dataset = LengthsOnly(pool_stream(config.global_batch_size * steps, config.bin_capacity))

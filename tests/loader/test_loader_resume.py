@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from megatron_packing.loader.dataloader import build_packing_sampler
+from megatron_packing.packed.components import build_packing_sampler
 
 from .streams import BATCH, DATASET, config, epochs, examples_of, make_loader, record
 

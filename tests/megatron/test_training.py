@@ -44,7 +44,7 @@ class _Prefix:
 
 
 def _global_plans(dataset, steps: int) -> list:
-    from megatron_packing.loader.dataloader import build_packing_sampler
+    from megatron_packing.packed.components import build_packing_sampler
 
     sampler = build_packing_sampler(dataset, PackingConfig(**PACKING), dp_rank=None, dp_size=2,
                                     seed=PACKING["seed"], total_steps=steps)
