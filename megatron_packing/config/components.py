@@ -23,6 +23,7 @@ import dataclasses
 import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
+from enum import StrEnum
 from functools import cache, cached_property
 from typing import Any, TypeVar, cast
 
@@ -36,16 +37,26 @@ from megatron_packing.common.validation import (
     require_number,
     require_positive_int,
 )
+from megatron_packing.packing.algorithms import OversizePolicy, PackingAlgorithm
 from megatron_packing.packing.alignment import FP8_RECIPES, Alignment, make_alignment
-from megatron_packing.packing.balance import DEFAULT_ATTENTION_COST_CONSTANT
+from megatron_packing.packing.balance import ASSIGN_METHODS, DEFAULT_ATTENTION_COST_CONSTANT
 from megatron_packing.packing.microbatch import SPLIT_METHODS, SplitMethod
 from megatron_packing.packing.planner.tunables import DEFAULT_LOOKAHEAD_STEPS
 
-PACKING_ALGORITHMS = ("mffd", "ffd", "bfd")
-OVERSIZE_POLICIES = ("error", "truncate", "own_bin")
-BASE_ORDERS = ("random", "sequential")
-RANK_ASSIGNMENTS = ("karmarkar_karp", "round_robin")
-SAMPLER_SPLIT_METHOD: SplitMethod = "balanced"
+
+class BaseOrder(StrEnum):
+    """The example order within an epoch."""
+
+    RANDOM = "random"
+    SEQUENTIAL = "sequential"
+
+
+# Each choice list is its enum's values: validation, the factories and argparse all read these.
+PACKING_ALGORITHMS: tuple[str, ...] = tuple(a.value for a in PackingAlgorithm)
+OVERSIZE_POLICIES: tuple[str, ...] = tuple(p.value for p in OversizePolicy)
+BASE_ORDERS: tuple[str, ...] = tuple(o.value for o in BaseOrder)
+RANK_ASSIGNMENTS: tuple[str, ...] = ASSIGN_METHODS
+SAMPLER_SPLIT_METHOD = SplitMethod.BALANCED
 """Padded mode's splitter: the balanced split won or tied every workload of the benchmark."""
 
 MAX_SEED = 2**63 - 1
@@ -212,7 +223,7 @@ class PaddedConfig:
     """Token budget per micro-batch (count x max_len). None: fixed micro_batch_size."""
     micro_batch_size: int = 1
     """Examples per micro-batch when there is no token budget."""
-    split_method: str = SAMPLER_SPLIT_METHOD
+    split_method: str = SAMPLER_SPLIT_METHOD.value
     """How a rank's share is cut under the budget (`make_token_balanced_microbatches`)."""
 
     def __post_init__(self) -> None:

@@ -30,12 +30,23 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import numpy as np
 
 from megatron_packing.common.validation import require_positive_int
 
-FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
+
+class Fp8Recipe(StrEnum):
+    """The FP8 recipes whose alignment rules are known."""
+
+    DELAYED = "delayed"
+    TENSORWISE = "tensorwise"
+    MXFP8 = "mxfp8"
+    BLOCKWISE = "blockwise"
+
+
+FP8_RECIPES: tuple[str, ...] = tuple(r.value for r in Fp8Recipe)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from enum import StrEnum
 
 import numpy as np
 
@@ -22,7 +23,14 @@ from megatron_packing.common.validation import require_positive_int
 
 DEFAULT_ATTENTION_COST_CONSTANT = 24576.0
 
-ASSIGN_METHODS = ("karmarkar_karp", "round_robin")
+class RankAssignment(StrEnum):
+    """How bins go to DP ranks: balanced estimated cost (Karmarkar-Karp), or round robin."""
+
+    KARMARKAR_KARP = "karmarkar_karp"
+    ROUND_ROBIN = "round_robin"
+
+
+ASSIGN_METHODS: tuple[str, ...] = tuple(m.value for m in RankAssignment)
 
 
 def sequence_cost(

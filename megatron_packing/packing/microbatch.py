@@ -17,15 +17,23 @@ Pure numpy: no torch, ranks or files.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
 import numpy as np
 
 from megatron_packing.common.validation import require_positive_int
 
-SplitMethod = Literal["greedy", "balanced"]
-SPLIT_METHODS: tuple[str, ...] = ("greedy", "balanced")
-DEFAULT_SPLIT_METHOD: SplitMethod = "greedy"
+
+class SplitMethod(StrEnum):
+    """How a rank's examples are cut into micro-batches under a token budget."""
+
+    GREEDY = "greedy"
+    BALANCED = "balanced"
+
+
+SPLIT_METHODS: tuple[str, ...] = tuple(m.value for m in SplitMethod)
+DEFAULT_SPLIT_METHOD = SplitMethod.GREEDY
 
 
 # --------------------------------------------------------------------------- inputs
@@ -152,7 +160,7 @@ def make_token_balanced_microbatches(
     all_input_ids: Any,
     max_tokens: int,
     *,
-    method: SplitMethod = DEFAULT_SPLIT_METHOD,
+    method: str = DEFAULT_SPLIT_METHOD,
 ) -> list[list[int]]:
     """Split ``sorted_indices`` (walked in the given order) into padded micro-batches.
 

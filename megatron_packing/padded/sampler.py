@@ -18,7 +18,7 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +30,6 @@ from megatron_packing.config.components import (
     config_or_keywords,
 )
 from megatron_packing.packing.microbatch import (
-    SplitMethod,
     example_lengths,
     fixed_size_microbatches,
     make_token_balanced_microbatches,
@@ -55,7 +54,7 @@ def split_rank_share(
     share_lengths: np.ndarray,
     max_tokens: int | None,
     micro_batch_size: int,
-    method: SplitMethod = SAMPLER_SPLIT_METHOD,
+    method: str = SAMPLER_SPLIT_METHOD,
 ) -> list[list[int]]:
     """Micro-batches of one rank's share, as positions into the share."""
     positions = list(range(len(share_lengths)))
@@ -222,7 +221,7 @@ class TokenBudgetBatchSampler(StepStream[PaddedCursor, PaddedStepPlan]):
         slices = rank_slices(len(global_batch), self.dp_size)
         schedules = [
             split_rank_share(lengths[a:b], budget, self.micro_batch_size,
-                             cast(SplitMethod, self.split_method))
+                             self.split_method)
             for a, b in slices
         ]
         count = max(len(schedule) for schedule in schedules)

@@ -22,8 +22,9 @@ import numpy as np
 from torch.utils.data import SequentialSampler
 
 from megatron_packing.common.validation import allowed_batch_variation, require_int, require_number
-from megatron_packing.config.components import PlannerConfig
+from megatron_packing.config.components import PACKING_ALGORITHMS, PlannerConfig
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
+from megatron_packing.packing.algorithms import PackingAlgorithm
 from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, imbalance
 from megatron_packing.packing.planner.sizer import StepSizer
 from megatron_packing.packing.planner.tunables import PlannerTunables
@@ -316,7 +317,7 @@ def run_simulation(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--variation", type=_variation, default=0.05,
                         help="batch-size window as a fraction of B, in (0, 1)")
     parser.add_argument("--steps", type=_integer("--steps"), default=200)
-    parser.add_argument("--algorithm", default="mffd", choices=("mffd", "ffd", "bfd"))
+    parser.add_argument("--algorithm", default=PackingAlgorithm.MFFD.value, choices=PACKING_ALGORITHMS)
     parser.add_argument("--max-deferred", type=_integer("--max-deferred", 0), default=0,
                         help="also run with bounded deferral of up to this many examples per step")
     parser.add_argument("--no-exhaustive", action="store_true",
