@@ -42,6 +42,7 @@ from megatron_packing.megatron.cpu_workarounds import (
 from megatron_packing.megatron.ddp import is_megatron_ddp, wire_megatron_grad_sync
 from megatron_packing.megatron.fsdp2 import clip_and_norm, is_fsdp2
 from megatron_packing.megatron.loss import LossFunc, make_loss_func, reduce_reported_loss
+from megatron_packing.megatron.step_accounting import lr_increment
 from megatron_packing.packed.collate import PackedBatch, PackedMicroBatch
 from megatron_packing.padded.collate import PaddedBatch, PaddedMicroBatch, make_dummy_microbatch
 
@@ -179,7 +180,7 @@ def train_step(model: MegatronModule, optimizer: torch.optim.Optimizer | Megatro
     """Zero grads, forward/backward with DP-reduced gradients, (clip,) optimizer step, LR step.
 
     ``scheduler``: a torch LR scheduler (plain path), or megatron-core's
-    ``OptimizerParamScheduler`` (DDP path), stepped by the step's global rows as Megatron-LM
+    ``OptimizerParamScheduler`` (DDP path), stepped by the step's real examples as Megatron-LM
     does, and only when the update succeeded.
     """
     if is_megatron_ddp(model):
@@ -245,7 +246,7 @@ def _train_step_megatron_ddp(model: MegatronModule, optimizer: MegatronOptimizer
         if not isinstance(scheduler, OptimizerParamScheduler):
             raise TypeError(f"with a megatron-core optimizer the scheduler must be megatron-core's "
                             f"OptimizerParamScheduler, got {type(scheduler).__name__}")
-        scheduler.step(increment=batch.meta.num_bins)  # global rows: micro-batches x dp
+        scheduler.step(increment=lr_increment(batch.meta))  # real examples, never rows
     return StepResult(loss=loss, grad_norm=float(grad_norm) if grad_norm is not None else math.nan,
                       lr=lr, num_micro_batches=len(batch.micro_batches),
                       update_successful=bool(update_successful),

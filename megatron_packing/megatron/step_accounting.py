@@ -51,6 +51,17 @@ def sync_num_microbatches(meta: StepMetadata, *, dp_size: int, rank: int = 0) ->
     return count
 
 
+def lr_increment(meta: StepMetadata) -> int:
+    """How far a step moves Megatron's LR schedule: its real examples, never its rows.
+
+    Megatron-LM sizes ``--lr-decay-samples`` / ``--lr-warmup-samples`` (and, from iterations,
+    ``--global-batch-size`` x iterations) in samples and steps the scheduler by a step's
+    samples. A packed step's rows (bins) vary with packing, so stepping by rows would end the
+    decay early or late; its examples are what the schedule was sized in.
+    """
+    return int(meta.num_examples)
+
+
 @dataclass
 class ConsumedExamples:
     """Real examples and tokens trained on so far (not rows). Checkpoint it with the model."""

@@ -20,7 +20,7 @@ from megatron_packing.megatron.cpu_workarounds import (
     cuda_factories_on_cpu,
     megatron_optimizer_compat,
 )
-from megatron_packing.megatron.step_accounting import sync_num_microbatches
+from megatron_packing.megatron.step_accounting import lr_increment, sync_num_microbatches
 from megatron_packing.megatron_lm.forward import pad_row
 from megatron_packing.packed.collate import PackedBatch, PackedMicroBatch
 from megatron_packing.padded.collate import PaddedBatch, PaddedMicroBatch, make_dummy_microbatch
@@ -174,7 +174,7 @@ def run_step(batch: PackedBatch | PaddedBatch, *, model: list[Any], optimizer: A
         num_zeros = reduce_max_stat_across_model_parallel_group(num_zeros)
     lr = float(optimizer.param_groups[0]["lr"])  # the LR this step trained with
     if update_successful:
-        scheduler.step(increment=int(meta.num_examples))
+        scheduler.step(increment=lr_increment(meta))
     return StepOutcome(reduce_loss_sums(losses_reduced),
                        None if grad_norm is None else float(grad_norm),
                        None if num_zeros is None else int(num_zeros), lr, not update_successful,
