@@ -38,9 +38,23 @@ def check_batch_window(global_batch_size: int, variation: float, dp_size: int | 
         raise ConfigError(
             f"global_batch_size - v = {global_batch_size} - {v} = {global_batch_size - v} is "
             f"smaller than the data-parallel size {dp_size}: every rank needs at least one "
-            f"example per step; raise global_batch_size to at least {dp_size + v}"
+            f"example per step; raise global_batch_size to at least "
+            f"{smallest_batch_for(dp_size, variation, global_batch_size)}"
         )
     return v
+
+
+def smallest_batch_for(dp_size: int, variation: float, start: int = 1) -> int:
+    """The smallest B >= ``start`` whose window passes: B - floor(B x variation) >= dp, v >= 1.
+
+    Raising B also widens v, so B = dp + v (with the old v) can still fail; this searches.
+    """
+    batch = max(int(start), 1)
+    while True:
+        v = allowed_batch_variation(batch, variation)
+        if v >= 1 and batch - v >= dp_size:
+            return batch
+        batch += 1
 
 
 @overload

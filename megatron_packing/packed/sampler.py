@@ -26,7 +26,7 @@ from megatron_packing.common.validation import require_int, require_positive_int
 from megatron_packing.config.components import PackedSamplerConfig, config_or_keywords
 from megatron_packing.config.keywords import PackedSamplerKeywords
 from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, imbalance
-from megatron_packing.packing.factory import make_seq_packer
+from megatron_packing.packing.factory import make_sft_sequence_packer
 from megatron_packing.packing.planner.feasibility import alignment_remedy
 from megatron_packing.packing.planner.sizer import StepSizer
 from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES
@@ -143,8 +143,9 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
         self.variation_fraction = planner.allowed_variation
         self.v = config.v
         self.alignment = packer.alignment
-        self.packer = make_seq_packer(
-            packer.algorithm, bin_capacity=self.bin_capacity, alignment=self.alignment,
+        self.packer = make_sft_sequence_packer(  # dp rounding is the planner's (StepSizer)
+            self.bin_capacity, packer.tp_size, packer.cp_size, fp8_enabled=packer.fp8_enabled,
+            fp8_recipe=packer.fp8_recipe, algorithm=packer.algorithm,
             oversize_policy=packer.oversize_policy,
         )
         self.effective_lengths = np.asarray(self.packer.effective_lengths(self.lengths), dtype=np.int64)

@@ -287,3 +287,21 @@ def test_the_keyword_form_names_the_valid_keywords_and_what_is_missing():
         TokenBudgetBatchSampler(SequentialSampler(range(60)), LENGTHS, config=config)
     with pytest.raises(TypeError, match="config= or the keyword form, not both"):
         PackedCollator(config.packer.alignment, 512, config=CollatorConfig(), pad_token_id=3)
+
+
+def test_the_readmes_key_table_is_generated_from_the_config():
+    from megatron_packing.config import key_table
+
+    readme = key_table.README.read_text()
+    assert key_table.replace_table(readme, key_table.render()) == readme, (
+        "README.md's config-key table is stale: run "
+        "`python -m megatron_packing.config.key_table --write-docs`")
+
+
+def test_the_key_table_shows_a_changed_default_and_refuses_a_key_without_a_meaning(monkeypatch):
+    from megatron_packing.config import key_table
+
+    assert "| `lookahead_steps` | 6 |" in key_table.render()
+    monkeypatch.delitem(key_table.MEANINGS, "seed")
+    with pytest.raises(KeyError, match="missing \\['seed'\\]"):
+        key_table.render()

@@ -6,7 +6,10 @@ import re
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from megatron_packing.common.validation import smallest_batch_for
 from megatron_packing.config import (
     ConfigError,
     PackingConfig,
@@ -69,8 +72,22 @@ def test_batch_minus_window_below_dp_says_how_large_b_must_be(tmp_path):
     values = {"global_batch_size": 10, "align_packing_bins_to_dp": True,
               "packing_batch_size_allowed_variation": 0.2}
     fails(tmp_path, values, "10 - 2 = 8", "data-parallel size 16",
-          "global_batch_size to at least 18", dp_size=16)
+          "global_batch_size to at least 19", dp_size=16)  # 18 - floor(3.6) = 15 < 16
     load_config(write(tmp_path, {"packing": values}, "ok.yaml"), dp_size=8)
+    advised = {**values, "global_batch_size": 19}
+    load_config(write(tmp_path, {"packing": advised}, "advised.yaml"), dp_size=16)
+    fails(tmp_path, {**values, "global_batch_size": 18}, "data-parallel size 16", dp_size=16)
+
+
+@settings(max_examples=200, deadline=None)
+@given(dp=st.integers(1, 512), variation=st.floats(0.001, 0.99), batch=st.integers(1, 600))
+def test_following_the_window_advice_passes_and_one_less_fails(dp, variation, batch):
+    advised = smallest_batch_for(dp, variation, batch)
+    assert advised >= batch
+    check_batch_window(advised, variation, dp)
+    if advised > batch:
+        with pytest.raises(ConfigError):
+            check_batch_window(advised - 1, variation, dp)
 
 
 @pytest.mark.parametrize("variation", [0, 1, -0.1, "abc", True, 1.5])
