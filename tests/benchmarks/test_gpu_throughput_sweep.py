@@ -53,6 +53,7 @@ def tiny_run() -> subprocess.CompletedProcess[str]:
                           text=True, timeout=300, cwd=PROJECT)
 
 
+@pytest.mark.slow
 def test_tiny_sweep_prints_one_sane_row_per_setting(tiny_run):
     assert tiny_run.returncode == 0, tiny_run.stderr[-3000:]
     rows = _table(tiny_run.stdout)
@@ -87,6 +88,7 @@ def test_tiny_sweep_prints_one_sane_row_per_setting(tiny_run):
     assert all(counts[label] <= counts["mbs 1"] for label in labels)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the sweep runs")
 def test_without_a_gpu_the_full_form_says_so_and_exits_0():
     done = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True,
@@ -96,6 +98,7 @@ def test_without_a_gpu_the_full_form_says_so_and_exits_0():
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_bad_time_limit_is_refused_by_name():
     done = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--time-limit-s", "0"],
                           capture_output=True, text=True, timeout=120, cwd=PROJECT)
@@ -171,6 +174,7 @@ print("worst", worst)
 """
 
 
+@pytest.mark.slow
 def test_padding_never_changes_a_real_tokens_loss():
     """Each example's per-token loss in a padded [3, 37] block equals the example run alone."""
     code = _ALONE_VS_PADDED.format(bench_dir=str(SCRIPT.parent))

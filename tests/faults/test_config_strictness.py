@@ -122,6 +122,7 @@ def test_a_missing_validation_file_is_refused(tmp_path):
         load_training_config(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["inspect", "tune", "simulate"])
 def test_every_command_reads_with_the_strict_reader(tmp_path, command):
     doc = tiny_config(tmp_path)

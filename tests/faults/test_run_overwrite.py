@@ -51,6 +51,7 @@ def test_resume_and_overwrite_together_are_refused(tmp_path):
         claim_output_dir(tmp_path, resume=True, overwrite=True)
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_to_train_over_a_finished_run(tmp_path):
     out = fake_run(tmp_path / "out")
     before = (out / "metrics.jsonl").read_text()
@@ -63,6 +64,7 @@ def test_the_cli_refuses_to_train_over_a_finished_run(tmp_path):
     assert (out / "metrics.jsonl").read_text() == before
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_an_output_path_that_is_a_file(tmp_path):
     out = tmp_path / "out"
     out.write_text("not a directory")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -51,6 +52,7 @@ def test_the_recommended_point_never_truncates_most(specs):
         assert choice.point.truncated_examples <= MOST_TRUNCATED * choice.point.examples
 
 
+@pytest.mark.slow
 def test_tune_with_capacity_1_recommends_nothing(tmp_path):
     config = write_config(tmp_path / "c.yaml", tiny_config(tmp_path))
     result = run_cli([sys.executable, "-m", "megatron_packing.cli", "tune", "--config",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from megatron_packing.common.plan_types import StepMetadata
 from megatron_packing.loader.metrics import (
     METRIC_NAMES,
@@ -48,6 +50,7 @@ def test_jsonl_and_memory_loggers(tmp_path):
     assert [r["step"] for r in read_jsonl(tmp_path / "m.jsonl")] == [0, 1]
 
 
+@pytest.mark.slow
 def test_wandb_logger_offline(tmp_path, monkeypatch):
     from megatron_packing.loader.metrics import WandbLogger
 

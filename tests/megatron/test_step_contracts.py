@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,8 +21,6 @@ from hypothesis import strategies as st
 from megatron_packing.common.plan_types import StepMetadata
 from megatron_packing.megatron.loss import make_loss_func
 from megatron_packing.megatron.step_accounting import lr_increment, megatron_lm_loss_func
-
-pytestmark = pytest.mark.fast
 
 
 def fake_schedule(rows: list[torch.Tensor], weight: torch.Tensor, loss_for_row) -> torch.Tensor:

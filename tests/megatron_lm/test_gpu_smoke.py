@@ -10,6 +10,7 @@ import torch
 from megatron_lm_runs import PROJECT
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: run the script")
 def test_the_gpu_smoke_script_exits_cleanly_without_a_gpu(tmp_path):
     done = subprocess.run([sys.executable, str(PROJECT / "benchmarks" / "gpu_smoke.py"),

@@ -30,6 +30,7 @@ def direct_run(lengths, *, align: bool, steps: int, dp: int = 2) -> list[tuple[i
     return out
 
 
+@pytest.mark.slow
 def test_simulate_config_writes_the_png_and_a_json_equal_to_a_direct_sampler_run(
         report_data, tmp_path, capsys):
     config = write_config(tmp_path / "sft.yaml", report_data)
@@ -87,6 +88,7 @@ def test_simulate_config_errors_name_the_setting(report_data, tmp_path, capsys, 
     assert err.startswith("megatron-packing simulate: error: ") and message in err
 
 
+@pytest.mark.slow
 def test_tune_runs_the_grid_and_recommends_a_point_that_ran(report_data, tmp_path, capsys):
     config = write_config(tmp_path / "sft.yaml", report_data)
     out = tmp_path / "out"

@@ -106,6 +106,7 @@ def test_lookahead_aligns_more_steps_than_greedy():
     assert aligned_ahead >= aligned_greedy + 3, (aligned_ahead, aligned_greedy)
 
 
+@pytest.mark.slow
 def test_the_default_lookahead_reaches_further_than_three_steps():
     # Six steps ahead (the default) against three: 254 aligned steps of 400 against 244 and
     # 16,912 bins against 16,928 on this stream (435 against 413 aligned steps and 28,520 bins
@@ -133,6 +134,7 @@ def test_never_behind_the_exhaustive_search_on_a_small_window():
     assert sum(p.aligned for p in plans) >= reference.aligned_steps
 
 
+@pytest.mark.slow
 def test_padded_steps_weigh_their_padding_too():
     # Ranking padded steps by tokens alone falls behind the exhaustive search on this stream
     # (12,680 bins against 12,664); weighing each padding bin too gives 12,656.
@@ -155,6 +157,7 @@ def test_padded_steps_plan_ahead_too():
     assert aligned >= reference.aligned_steps + steps // 10, (aligned, reference.aligned_steps)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch, capacity, dp, steps, seed",
                          [(128, 4096, 8, 400, 1), (512, 32768, 16, 677, 0)])
 def test_token_load_spreads_no_more_than_with_fixed_batches(batch, capacity, dp, steps, seed):
