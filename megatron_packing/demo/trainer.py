@@ -24,6 +24,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,10 +58,11 @@ from megatron_packing.loader.metrics import (
     MetricsLogger,
     MultiLogger,
     read_jsonl,
-    step_metrics,
     truncate_jsonl,
     wandb_run_id,
 )
+from megatron_packing.megatron.step_loop import LoopEnd, StepDone, StepHost, StepRecord, run_steps
+from megatron_packing.megatron.train_stream import EmptyEpoch, TrainStream
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -294,6 +296,7 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
     # The example order's one seed is packing.seed (the loader's default).
     loader = build_sft_dataloader(dataset, cfg.packing, dp_rank=rank, dp_size=world,
                                   total_steps=tc.steps, num_workers=workers)
+    stream = TrainStream(loader)
     model = build_tiny_gpt(cfg.model, vocab_size=_vocab_size(cfg),
                            max_seq_len=model_positions(cfg, dataset))
     broadcast_parameters(model, group=group)
@@ -326,7 +329,7 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
                                 f"optimizer ({str(exc).splitlines()[0][:300]}); resume with the "
                                 "model settings it was saved with, or start a new run") from None
         try:
-            loader.load_state_dict(state["dataloader"])
+            stream.load_state_dict(state["dataloader"])
         except ValueError as exc:
             raise TrainingError(f"checkpoint {latest}: {exc}") from None
         start_step = int(state["step"])
@@ -345,51 +348,29 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
                    {"model": model.state_dict(), "optimizer": optimizer.state_dict()})
         save_checkpoint(out, at, rank, {
             **weights,
-            "scheduler": scheduler.state_dict(), "dataloader": loader.state_dict(),
+            "scheduler": scheduler.state_dict(), "dataloader": stream.state_dict(),
         }, keep=tc.checkpoint_keep, setup=setup)
 
-    iterator = iter(loader)
-    step = start_step
-    stopped_by = 0
-    while step < stop:
-        stopped_by = agreed_stop_signal(group)
-        if stopped_by:
-            if step > start_step and step % tc.checkpoint_every != 0:
-                checkpoint(step)
-            if rank == 0:
-                print(f"[train] stop requested: stopped after step {step} of {tc.steps}; "
-                      f"checkpoint {latest_checkpoint(out)}; --resume continues", flush=True)
-            break
-        waited = time.perf_counter()
-        try:
-            batch = next(iterator)
-        except StopIteration:  # one iteration of the loader is one epoch; start the next
-            iterator = iter(loader)
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                raise TrainingError(f"the dataloader yields no step from {len(dataset)} "
-                                    "examples") from None
+    def step_once(batch: Any) -> StepDone:
         if not agree_counts:
             batch = _own_count_only(batch)
         began = time.perf_counter()
         result = train_step(model, optimizer, batch, scheduler=scheduler, dp_group=group,
                             clip_grad=tc.clip_grad, loss_from_logits=loss_from_logits)
-        ended = time.perf_counter()
-        step += 1
-        metrics = step_metrics(batch.meta, loss=result.loss, lr=result.lr)
-        metrics["train/grad_norm"] = result.grad_norm
-        metrics["perf/step_seconds"] = ended - began  # rank 0's forward, backward, update
-        metrics["perf/batch_wait_seconds"] = began - waited  # waiting for the loader
-        if logger is not None:
-            logger.log(metrics, step=step - 1)
-        if rank == 0 and not spec.quiet and (step % tc.log_every == 0 or step == 1):
-            print(f"[train] step {step:4d}  loss {result.loss:.4f}  "
-                  f"examples {batch.meta.num_examples:3d}  bins {batch.meta.num_bins:3d}  "
-                  f"fill {batch.meta.token_fill:.3f}  lr {result.lr:.2e}", flush=True)
-        if step % tc.checkpoint_every == 0 or step == stop:
-            checkpoint(step)
-    del iterator
+        return StepDone(result.loss, result.lr, result.grad_norm,
+                        compute_ms=(time.perf_counter() - began) * 1000)
+
+    host = DemoHost(rank=rank, group=group, step_once=step_once, checkpoint=checkpoint,
+                    logger=logger, checkpoint_every=tc.checkpoint_every,
+                    log_every=tc.log_every if not spec.quiet else 0, total_steps=tc.steps,
+                    last_saved=start_step, out=out)
+    try:
+        result = run_steps(host, stream, start=start_step, stop=stop)
+    except EmptyEpoch:
+        raise TrainingError(f"the dataloader yields no step from {len(dataset)} "
+                            "examples") from None
+    stopped_by = host.stopped_by if result.end is LoopEnd.STOPPED else 0
+    stream.close()
     if logger is not None:
         logger.finish()
     calls: list[int] = [0] * world
@@ -402,6 +383,52 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
             plot_metrics(out)
     dist.barrier()
     return stopped_by
+
+
+class DemoHost(StepHost):
+    """The CPU demo's side of `run_steps`: its own step, metrics, checkpoints and stop signal."""
+
+    def __init__(self, *, rank: int, group: Any, step_once: Callable[[Any], StepDone],
+                 checkpoint: Callable[[int], None], logger: MetricsLogger | None,
+                 checkpoint_every: int, log_every: int, total_steps: int, last_saved: int,
+                 out: Path) -> None:
+        self.rank, self.group, self.out = rank, group, out
+        self._step_once, self._checkpoint, self.logger = step_once, checkpoint, logger
+        self.checkpoint_every, self.log_every = checkpoint_every, log_every
+        self.total_steps, self.last_saved = total_steps, last_saved
+        self.stopped_by = 0  # the signal that stopped the run (0: none)
+
+    def run_step(self, step: int, batch: Any) -> StepDone:
+        return self._step_once(batch)
+
+    def save(self, step: int) -> None:
+        self._checkpoint(step)
+        self.last_saved = step
+
+    def report(self, record: StepRecord) -> None:
+        if self.logger is not None:
+            self.logger.log(record.metrics, step=record.step - 1)
+        meta, done = record.batch.meta, record.done
+        if self.rank == 0 and self.log_every and (record.step % self.log_every == 0
+                                                   or record.step == 1):
+            print(f"[train] step {record.step:4d}  loss {done.loss:.4f}  "
+                  f"examples {meta.num_examples:3d}  bins {meta.num_bins:3d}  "
+                  f"fill {meta.token_fill:.3f}  lr {done.lr:.2e}", flush=True)
+
+    def end_of_step(self, step: int, *, last: bool) -> bool:
+        """Save every ``checkpoint_every`` steps and at the last; stop, with a checkpoint, when
+        any rank received SIGINT / SIGTERM (the ranks agree, so all stop at this step)."""
+        if step % self.checkpoint_every == 0 or last:
+            self.save(step)
+        self.stopped_by = agreed_stop_signal(self.group)
+        if not self.stopped_by:
+            return False
+        if self.last_saved != step:
+            self.save(step)
+        if self.rank == 0:
+            print(f"[train] stop requested: stopped after step {step} of {self.total_steps}; "
+                  f"checkpoint {latest_checkpoint(self.out)}; --resume continues", flush=True)
+        return True
 
 
 def _mode_text(cfg: TrainingConfig) -> str:

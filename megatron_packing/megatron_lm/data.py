@@ -14,76 +14,15 @@ point's job (`restore_loader_state`), keyed by the iteration ``load_checkpoint``
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from megatron_packing.common.validation import ConfigError
-from megatron_packing.megatron.step_accounting import ConsumedExamples
-from megatron_packing.packed.collate import PackedBatch
-from megatron_packing.padded.collate import PaddedBatch
-from megatron_packing.padded.sync import TokenBudgetController
+from megatron_packing.megatron.train_stream import TrainStream
 
 LOADER_STATE_BASENAME = "train_dataloader_dprank{dp_rank:03d}.pt"
-
-
-@dataclass
-class TrainStream:
-    """The training loader as an endless stream of steps (epochs roll over), with its state.
-
-    ``state_dict()`` taken after ``next()`` returned step k resumes at step k + 1: the loop
-    pulls exactly one step per iteration and never reads ahead.
-    """
-
-    loader: Any
-    counter: ConsumedExamples = field(default_factory=ConsumedExamples)
-    budget: TokenBudgetController | None = None  # padded mode: the live token budget
-    _iterator: Iterator[PackedBatch | PaddedBatch] | None = None
-
-    def step_boundary(self, step: int) -> None:
-        """Before planning ``step`` (0-based): agree on a budget change (all ranks call it).
-
-        The loader's iterator is made first: on a resume, making it is what puts the saved
-        sampler state in place, and a change set before that would be overwritten by it.
-        """
-        if self.budget is not None:
-            if self._iterator is None:
-                self._iterator = iter(self.loader)
-            self.budget.step_boundary(step)
-
-    def __next__(self) -> PackedBatch | PaddedBatch:
-        if self._iterator is None:
-            self._iterator = iter(self.loader)
-        try:
-            batch = next(self._iterator)
-        except StopIteration:  # one pass of the loader is one epoch; the sampler starts the next
-            self._iterator = iter(self.loader)
-            batch = next(self._iterator)
-        self.counter.update(batch.meta)
-        return batch
-
-    def __iter__(self) -> TrainStream:
-        return self
-
-    def state_dict(self) -> dict[str, Any]:
-        state = {"loader": self.loader.state_dict(), "counter": self.counter.state_dict()}
-        if self.budget is not None:
-            state["budget"] = self.budget.state_dict()
-        return state
-
-    def save_state(self) -> dict[str, Any]:
-        """What Megatron's dataloader hook stores in a checkpoint (``iterable.save_state()``)."""
-        return self.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loader.load_state_dict(state["loader"])
-        self.counter.load_state_dict(state["counter"])
-        if self.budget is not None and "budget" in state:
-            self.budget.load_state_dict(state["budget"])
-        self._iterator = None
 
 
 def checkpoint_hook(stream: TrainStream) -> Any:

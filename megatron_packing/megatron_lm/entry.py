@@ -23,6 +23,7 @@ from typing import Any
 
 from megatron_packing.config import ConfigError
 from megatron_packing.config.training import DataConfig
+from megatron_packing.megatron.train_stream import TrainStream
 from megatron_packing.megatron_lm.arguments import (
     add_packing_arguments,
     check_megatron_arguments,
@@ -31,7 +32,7 @@ from megatron_packing.megatron_lm.arguments import (
     resolve_packing_config,
     validation_steps,
 )
-from megatron_packing.megatron_lm.data import TrainStream, restore_loader_state
+from megatron_packing.megatron_lm.data import restore_loader_state
 from megatron_packing.megatron_lm.schedule import examples_the_run_trains, schedule_in_examples
 
 _PROGRAM_START = time.time()

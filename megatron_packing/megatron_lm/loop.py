@@ -24,7 +24,6 @@ dataloader hook (`megatron_packing.megatron_lm.data`).
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,9 +31,16 @@ from typing import Any
 
 import torch
 
-from megatron_packing.loader.metrics import step_metrics
 from megatron_packing.megatron.cpu_workarounds import cuda_factories_on_cpu
-from megatron_packing.megatron_lm.data import TrainStream, checkpoint_hook
+from megatron_packing.megatron.step_loop import (
+    LoopEnd,
+    StepDone,
+    StepHost,
+    StepRecord,
+    run_steps,
+)
+from megatron_packing.megatron.train_stream import TrainStream
+from megatron_packing.megatron_lm.data import checkpoint_hook
 from megatron_packing.megatron_lm.evaluation import Validation
 from megatron_packing.megatron_lm.step import run_step
 
@@ -115,85 +121,78 @@ class Loop:
                                 train_data_iterator=checkpoint_hook(self.stream))
 
 
-def train(args: Any, loop: Loop) -> TrainResult:
-    """Run iterations ``args.iteration + 1 .. args.train_iters`` as Megatron-LM's ``train()``
-    does, with this step's micro-batch count and real-example accounting."""
-    import gc
+class MegatronLMHost(StepHost):
+    """The Megatron-LM entry point's side of `run_steps`: Megatron-LM's step, logs and exits."""
 
-    from megatron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
-    from megatron.core.rerun_state_machine import get_rerun_state_machine
-    from megatron.core.utils import get_attr_wrapped_model, get_model_config
-    from megatron.training import get_timers, print_rank_last
-    from megatron.training.async_utils import maybe_finalize_async_save
-    from megatron.training.training import (
-        checkpoint_and_decide_exit,
-        num_floating_point_operations,
-        post_training_step_callbacks,
-        training_log,
-    )
-    from megatron.training.utils import calc_params_l2_norm
+    def __init__(self, args: Any, loop: Loop) -> None:
+        import gc
 
-    model, optimizer, stream = loop.model, loop.optimizer, loop.stream
-    timers = get_timers()
-    log = StepLog(args.packing_log_dir)
-    config = get_model_config(model[0])
-    config.timers = timers
-    iteration = args.iteration
-    machine = get_rerun_state_machine()
-    machine.current_iteration = iteration
-    flops_so_far = float(args.num_floating_point_operations_so_far)
-    flops_since_log = 0.0
-    pg_collection = get_attr_wrapped_model(model[0], "pg_collection")
-    total_loss_dict: dict[str, Any] = {}
-    report_memory_flag, first = True, True
-    for chunk in model:
-        chunk.train()
-    if args.manual_gc:  # as Megatron-LM's train(): no collection pauses inside a step
-        gc.disable()
-        gc.collect()
-    if getattr(args, "dataloader_save", None) is None:
-        args.dataloader_save = args.save  # where Megatron's hook writes the loader state
-    timers("interval-time", log_level=0).start(barrier=True)
-    result = TrainResult(iteration, flops_so_far)
-    while iteration < args.train_iters:
+        from megatron.core.rerun_state_machine import get_rerun_state_machine
+        from megatron.core.utils import get_attr_wrapped_model, get_model_config
+        from megatron.training import get_timers
+
+        self.args, self.loop = args, loop
+        self.timers = get_timers()
+        self.log = StepLog(args.packing_log_dir)
+        get_model_config(loop.model[0]).timers = self.timers
+        get_rerun_state_machine().current_iteration = args.iteration
+        self.flops_so_far = float(args.num_floating_point_operations_so_far)
+        self.flops_since_log = 0.0
+        self.pg_collection = get_attr_wrapped_model(loop.model[0], "pg_collection")
+        self.total_loss_dict: dict[str, Any] = {}
+        self.report_memory_flag, self.first = True, True
+        for chunk in loop.model:
+            chunk.train()
+        if args.manual_gc:  # as Megatron-LM's train(): no collection pauses inside a step
+            gc.disable()
+            gc.collect()
+        if getattr(args, "dataloader_save", None) is None:
+            args.dataloader_save = args.save  # where Megatron's hook writes the loader state
+
+    def run_step(self, step: int, batch: Any) -> StepDone:
+        from megatron.training.async_utils import maybe_finalize_async_save
+
         maybe_finalize_async_save(blocking=False)
-        started = time.perf_counter()
-        stream.step_boundary(iteration)
-        batch = next(stream)
-        data_ms = (time.perf_counter() - started) * 1000
-        args.curr_iteration = iteration
-        outcome = run_step(batch, model=model, optimizer=optimizer, scheduler=loop.scheduler,
-                           forward_step=loop.forward_step, dp_size=loop.dp_size,
-                           pad_token_id=loop.pad_token_id, width_multiple=loop.width_multiple)
-        if outcome.should_checkpoint:
-            loop.save(iteration, flops_so_far)
-        if outcome.should_exit:
-            result = TrainResult(iteration, flops_so_far, True, outcome.exit_code)
-            break
-        iteration += 1
-        args.iteration = iteration
-        args.consumed_train_samples += int(batch.meta.num_examples)
+        self.args.curr_iteration = step
+        loop = self.loop
+        outcome = run_step(batch, model=loop.model, optimizer=loop.optimizer,
+                           scheduler=loop.scheduler, forward_step=loop.forward_step,
+                           dp_size=loop.dp_size, pad_token_id=loop.pad_token_id,
+                           width_multiple=loop.width_multiple)
+        return StepDone(outcome.loss, outcome.lr, outcome.grad_norm, outcome.compute_ms,
+                        outcome.should_checkpoint, outcome.should_exit, outcome.exit_code,
+                        detail=outcome)
+
+    def save(self, step: int) -> None:
+        self.loop.save(step, self.flops_so_far)
+
+    def report(self, record: StepRecord) -> None:
+        import gc
+
+        from megatron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
+        from megatron.training.training import num_floating_point_operations, training_log
+        from megatron.training.utils import calc_params_l2_norm
+
+        args, batch, outcome = self.args, record.batch, record.done.detail
+        args.iteration = record.step
+        args.consumed_train_samples = int(record.metrics["train/consumed_examples"])
         # FLOPs as Megatron counts them: rows of --seq-length tokens (padding included).
         step_flops = num_floating_point_operations(args, rows_of_seq_length(batch, args))
-        flops_so_far += step_flops
-        flops_since_log += step_flops
-        step_ms = (time.perf_counter() - started) * 1000
-
-        loss_scale = optimizer.get_loss_scale().item()
-        params_norm = calc_params_l2_norm(model) if args.log_params_norm else None
-        report_memory_flag = training_log(
-            outcome.loss_dict, total_loss_dict, get_canonical_lr_for_logging(optimizer.param_groups),
-            iteration, loss_scale, report_memory_flag, int(outcome.skipped), outcome.grad_norm,
-            params_norm, outcome.num_zeros_in_grad, 0, pg_collection=pg_collection,
-            is_first_iteration=first)
-        first = False
-        metrics = step_metrics(batch.meta, loss=outcome.loss, lr=outcome.lr)
-        metrics["train/consumed_examples"] = args.consumed_train_samples
-        metrics["train/step_ms"] = step_ms
-        if iteration % args.tensorboard_log_interval == 0:
-            log_to_writers(metrics, iteration)
-        log.write({
-            "iteration": iteration, "epoch": batch.meta.epoch,
+        self.flops_so_far += step_flops
+        self.flops_since_log += step_flops
+        optimizer = self.loop.optimizer
+        params_norm = calc_params_l2_norm(self.loop.model) if args.log_params_norm else None
+        self.report_memory_flag = training_log(
+            outcome.loss_dict, self.total_loss_dict,
+            get_canonical_lr_for_logging(optimizer.param_groups), record.step,
+            optimizer.get_loss_scale().item(), self.report_memory_flag, int(outcome.skipped),
+            outcome.grad_norm, params_norm, outcome.num_zeros_in_grad, 0,
+            pg_collection=self.pg_collection, is_first_iteration=self.first)
+        self.first = False
+        if record.step % args.tensorboard_log_interval == 0:
+            log_to_writers(record.metrics, record.step)
+        self.log.write({
+            "iteration": record.step, "epoch": batch.meta.epoch,
             "examples": [[] if row is None else list(row.example_indices)
                          for row in batch.micro_batches],
             "row_lengths": [0 if row is None else int(row.tokens.shape[1])
@@ -204,32 +203,61 @@ def train(args: Any, loop: Loop) -> TrainResult:
             "micro_batches": outcome.micro_batches, "seq_length": outcome.seq_length,
             "loss": outcome.loss, "lr": outcome.lr, "grad_norm": outcome.grad_norm,
             "consumed_train_samples": args.consumed_train_samples, "skipped": outcome.skipped,
-            "max_tokens": metrics.get("train/max_tokens_per_microbatch"),
-            "step_ms": step_ms, "data_ms": data_ms, "compute_ms": outcome.compute_ms,
-            "overhead_ms": step_ms - outcome.compute_ms, "gc_enabled": gc.isenabled(),
+            "max_tokens": record.metrics.get("train/max_tokens_per_microbatch"),
+            "step_ms": record.step_ms, "data_ms": record.data_ms,
+            "compute_ms": outcome.compute_ms,
+            "overhead_ms": record.step_ms - outcome.compute_ms, "gc_enabled": gc.isenabled(),
         })
-        if loop.validation is not None and args.eval_interval and \
-                iteration % args.eval_interval == 0:
-            timers("interval-time").stop()
-            if args.manual_gc and args.manual_gc_eval:
-                gc.collect()
-            valid = loop.validation.run(f"iteration {iteration}", iteration)
-            log.write({"iteration": iteration, "valid_loss": valid})
-            if args.manual_gc and args.manual_gc_eval:
-                gc.collect(generation=0)
-            timers("interval-time", log_level=0).start(barrier=True)
-        flops_since_log = post_training_step_callbacks(
-            model, optimizer, loop.scheduler, iteration, None, flops_since_log)
-        stop = checkpoint_and_decide_exit(model, optimizer, loop.scheduler, iteration,
-                                          flops_so_far, loop.checkpointing_context,
-                                          checkpoint_hook(stream))
-        result = TrainResult(iteration, flops_so_far, stop)
+
+    def validation_due(self, step: int) -> bool:
+        return (self.loop.validation is not None and bool(self.args.eval_interval)
+                and step % self.args.eval_interval == 0)
+
+    def validate(self, step: int) -> None:
+        import gc
+
+        assert self.loop.validation is not None  # validation_due says so
+        args = self.args
+        self.timers("interval-time").stop()
+        if args.manual_gc and args.manual_gc_eval:
+            gc.collect()
+        valid = self.loop.validation.run(f"iteration {step}", step)
+        self.log.write({"iteration": step, "valid_loss": valid})
+        if args.manual_gc and args.manual_gc_eval:
+            gc.collect(generation=0)
+        self.timers("interval-time", log_level=0).start(barrier=True)
+
+    def end_of_step(self, step: int, *, last: bool) -> bool:
+        """Megatron-LM's own post-step callbacks, then its ``checkpoint_and_decide_exit``."""
+        from megatron.training import print_rank_last
+        from megatron.training.training import (
+            checkpoint_and_decide_exit,
+            post_training_step_callbacks,
+        )
+
+        loop = self.loop
+        self.flops_since_log = post_training_step_callbacks(
+            loop.model, loop.optimizer, loop.scheduler, step, None, self.flops_since_log)
+        stop = bool(checkpoint_and_decide_exit(loop.model, loop.optimizer, loop.scheduler, step,
+                                               self.flops_so_far, loop.checkpointing_context,
+                                               checkpoint_hook(loop.stream)))
         if stop:
-            print_rank_last(f" graceful stop after iteration {iteration}: "
-                            f"{args.consumed_train_samples} examples trained")
-            break
+            print_rank_last(f" graceful stop after iteration {step}: "
+                            f"{self.args.consumed_train_samples} examples trained")
+        return stop
+
+
+def train(args: Any, loop: Loop) -> TrainResult:
+    """Run iterations ``args.iteration + 1 .. args.train_iters`` through the shared step loop,
+    hosted by Megatron-LM's pieces (`MegatronLMHost`)."""
+    host = MegatronLMHost(args, loop)
+    host.timers("interval-time", log_level=0).start(barrier=True)
+    result = run_steps(host, loop.stream, start=args.iteration, stop=args.train_iters)
     _flush_writers()
-    return result
+    exited = result.end is LoopEnd.EXITED
+    return TrainResult(result.step, host.flops_so_far,
+                       should_exit=exited or result.end is LoopEnd.STOPPED,
+                       exit_code=result.exit_code)
 
 
 def rows_of_seq_length(batch: Any, args: Any) -> float:

@@ -24,7 +24,7 @@ LAYERS: list[set[str]] = [
     {"packed", "padded"},  # the two modes
     {"loader"},  # the torchdata loader, its state, per-step metrics
     {"reports"},  # simulate / tune / inspect on length pools or a training YAML's own data
-    {"megatron"},  # glue to megatron-core: packed-sequence params, loss, DDP, FSDP2
+    {"megatron"},  # glue to megatron-core (packed-sequence params, loss, DDP, FSDP2), the step loop
     {"megatron_lm", "demo"},  # entry points: Megatron-LM's loop, the CPU demo trainer
     {"cli"},  # the ``megatron-packing`` command
 ]
@@ -131,3 +131,28 @@ def test_the_top_level_holds_only_the_package_and_the_cli(tmp_path):
     (tmp_path / "__init__.py").write_text("")
     (tmp_path / "loader.py").write_text("")
     assert flat_top_level_files(tmp_path) == ["loader.py"]
+
+
+STEP_LOOP_HOSTS = ("megatron_packing/megatron_lm/loop.py", "megatron_packing/demo/trainer.py")
+
+
+def loops_and_loop_calls(source: str) -> tuple[list[int], int]:
+    """Line numbers of ``while`` loops, and the count of ``run_steps(...)`` calls, in ``source``."""
+    tree = ast.parse(source)
+    loops = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.While)]
+    calls = sum(1 for node in ast.walk(tree) if isinstance(node, ast.Call)
+                and getattr(node.func, "id", getattr(node.func, "attr", None)) == "run_steps")
+    return loops, calls
+
+
+def test_both_training_programs_run_the_one_step_loop():
+    root = Path(megatron_packing.__file__).parent.parent
+    for host in STEP_LOOP_HOSTS:
+        loops, calls = loops_and_loop_calls((root / host).read_text())
+        assert loops == [], f"{host} has its own loop (lines {loops}); steps run in run_steps"
+        assert calls == 1, f"{host} calls run_steps {calls} times"
+
+
+def test_the_host_check_sees_a_second_loop():
+    assert loops_and_loop_calls("while step < stop:\n    step += 1\n") == ([1], 0)
+    assert loops_and_loop_calls("result = run_steps(host, stream, start=0, stop=3)\n") == ([], 1)
