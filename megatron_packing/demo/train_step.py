@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from megatron_packing.common.plan_types import StepMetadata
 from megatron_packing.demo.model import per_token_loss
 from megatron_packing.megatron.cpu_workarounds import (
     cuda_factories_on_cpu,
@@ -179,9 +180,9 @@ def train_step(model: MegatronModule, optimizer: torch.optim.Optimizer | Megatro
                thd: bool = False, loss_from_logits: bool = False) -> StepResult:
     """Zero grads, forward/backward with DP-reduced gradients, (clip,) optimizer step, LR step.
 
-    ``scheduler``: a torch LR scheduler (plain path), or megatron-core's
-    ``OptimizerParamScheduler`` (DDP path), stepped by the step's real examples as Megatron-LM
-    does, and only when the update succeeded.
+    ``scheduler``: megatron-core's ``OptimizerParamScheduler`` (see `example_schedule`), stepped
+    by the step's real examples as Megatron-LM does (on the DDP path only when the update
+    succeeded), or a torch LR scheduler, stepped once.
     """
     if is_megatron_ddp(model):
         if isinstance(batch, PaddedBatch):
@@ -207,7 +208,7 @@ def train_step(model: MegatronModule, optimizer: torch.optim.Optimizer | Megatro
     lr = float(optimizer.param_groups[0]["lr"])
     optimizer.step()
     if scheduler is not None:
-        scheduler.step()
+        step_schedule(scheduler, batch.meta)
     return StepResult(loss=loss, grad_norm=norm, lr=lr, num_micro_batches=len(batch.micro_batches))
 
 
@@ -253,17 +254,37 @@ def _train_step_megatron_ddp(model: MegatronModule, optimizer: MegatronOptimizer
                       num_zeros_in_grad=None if num_zeros is None else int(num_zeros))
 
 
-def warmup_cosine(optimizer: torch.optim.Optimizer, *, total_steps: int, warmup_steps: int,
-                  min_ratio: float) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warmup then cosine decay to ``min_ratio`` x the base LR; stateful for resume."""
+def example_schedule(optimizer: torch.optim.Optimizer | MegatronOptimizer, *, lr: float,
+                     min_lr: float, weight_decay: float, warmup_examples: int,
+                     total_examples: int) -> OptimizerParamScheduler:
+    """megatron-core's LR schedule, measured in examples: linear warmup over
+    ``warmup_examples``, cosine decay to ``min_lr`` at ``total_examples``.
 
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    `train_step` steps it by each step's real examples (`lr_increment`), as the Megatron-LM
+    entry point does, so a varying batch size moves the LR by what it trained. The schedule's
+    shape always comes from the arguments (a resumed run takes only its position from the
+    checkpoint)."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    total = max(1, int(total_examples))
+    warmup = min(max(0, int(warmup_examples)), total - 1)
+    return OptimizerParamScheduler(
+        optimizer, init_lr=0.0, max_lr=lr, min_lr=min_lr, lr_warmup_steps=warmup,
+        lr_decay_steps=total, lr_decay_style="cosine", start_wd=weight_decay,
+        end_wd=weight_decay, wd_incr_steps=total, wd_incr_style="constant",
+        use_checkpoint_opt_param_scheduler=False, override_opt_param_scheduler=True)
+
+
+def step_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler | OptimizerParamScheduler,
+                  meta: StepMetadata) -> None:
+    """Advance ``scheduler`` past one step: megatron-core's by the step's real examples, a
+    torch scheduler by one."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    if isinstance(scheduler, OptimizerParamScheduler):
+        scheduler.step(increment=lr_increment(meta))
+    else:
+        scheduler.step()
 
 
 def broadcast_parameters(model: torch.nn.Module, src: int = 0,

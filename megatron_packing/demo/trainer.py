@@ -280,11 +280,12 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
     from megatron_packing.demo.model import build_tiny_gpt
     from megatron_packing.demo.train_step import (
         broadcast_parameters,
+        example_schedule,
         train_step,
-        warmup_cosine,
     )
     from megatron_packing.loader.dataloader import build_sft_dataloader
     from megatron_packing.megatron.fsdp2 import full_state, load_full_state, wrap_in_fsdp2
+    from megatron_packing.megatron.step_accounting import examples_the_run_trains
 
     started = time.perf_counter()
     tc = cfg.train
@@ -309,8 +310,11 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
     loss_from_logits = cfg.model.dtype == "float64"
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay,
                                   betas=(0.9, 0.95))
-    scheduler = warmup_cosine(optimizer, total_steps=tc.steps, warmup_steps=tc.warmup_steps,
-                              min_ratio=tc.min_lr / tc.lr)
+    batch_size = cfg.packing.global_batch_size
+    scheduler = example_schedule(
+        optimizer, lr=tc.lr, min_lr=tc.min_lr, weight_decay=tc.weight_decay,
+        warmup_examples=tc.warmup_steps * batch_size,
+        total_examples=examples_the_run_trains(tc.steps, len(loader), len(dataset), batch_size))
 
     start_step = 0
     setup = resume_setup(cfg, dataset)

@@ -62,6 +62,14 @@ def lr_increment(meta: StepMetadata) -> int:
     return int(meta.num_examples)
 
 
+def examples_the_run_trains(train_iters: int, steps_per_epoch: int, num_examples: int,
+                            batch_size: int) -> int:
+    """Real examples over ``train_iters`` steps: whole epochs of N, then ``steps x B``."""
+    epochs, rest = divmod(train_iters, steps_per_epoch)
+    return epochs * num_examples + rest * batch_size
+
+
+
 @dataclass
 class ConsumedExamples:
     """Real examples and tokens trained on so far (not rows). Checkpoint it with the model."""

@@ -23,6 +23,7 @@ from typing import Any
 
 from megatron_packing.config import ConfigError
 from megatron_packing.config.training import DataConfig
+from megatron_packing.megatron.step_accounting import examples_the_run_trains
 from megatron_packing.megatron.train_stream import TrainStream
 from megatron_packing.megatron_lm.arguments import (
     add_packing_arguments,
@@ -33,7 +34,7 @@ from megatron_packing.megatron_lm.arguments import (
     validation_steps,
 )
 from megatron_packing.megatron_lm.data import restore_loader_state
-from megatron_packing.megatron_lm.schedule import examples_the_run_trains, schedule_in_examples
+from megatron_packing.megatron_lm.schedule import schedule_in_examples
 
 _PROGRAM_START = time.time()
 

@@ -17,13 +17,6 @@ from collections.abc import Iterator
 from typing import Any
 
 
-def examples_the_run_trains(train_iters: int, steps_per_epoch: int, num_examples: int,
-                            batch_size: int) -> int:
-    """Real examples over ``train_iters`` steps: whole epochs of N, then ``steps x B``."""
-    epochs, rest = divmod(train_iters, steps_per_epoch)
-    return epochs * num_examples + rest * batch_size
-
-
 @contextlib.contextmanager
 def schedule_in_examples(args: Any, total_examples: int) -> Iterator[bool]:
     """While active, Megatron's ``get_optimizer_param_scheduler`` sizes the schedule in

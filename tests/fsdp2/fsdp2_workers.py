@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from megatron_packing.config.training import ModelConfig, training_config_from_dict
 from megatron_packing.demo.launch import dp_group
 from megatron_packing.demo.model import build_tiny_gpt
-from megatron_packing.demo.train_step import forward_backward, warmup_cosine
+from megatron_packing.demo.train_step import example_schedule, forward_backward
+from megatron_packing.megatron.step_accounting import examples_the_run_trains
 from megatron_packing.megatron.fsdp2 import wrap_in_fsdp2
 from megatron_packing.megatron.packed_seq import causal_mask
 from megatron_packing.padded.collate import PaddedCollator
@@ -151,8 +152,11 @@ def demo_reference(rank: int, world: int, document: dict[str, Any], out_path: st
                            max_seq_len=int(np.asarray(dataset.lengths).max()))
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay,
                                   betas=(0.9, 0.95))
-    scheduler = warmup_cosine(optimizer, total_steps=tc.steps, warmup_steps=tc.warmup_steps,
-                              min_ratio=tc.min_lr / tc.lr)
+    batch_size = cfg.packing.global_batch_size
+    scheduler = example_schedule(
+        optimizer, lr=tc.lr, min_lr=tc.min_lr, weight_decay=tc.weight_decay,
+        warmup_examples=tc.warmup_steps * batch_size,
+        total_examples=examples_the_run_trains(tc.steps, len(sampler), len(dataset), batch_size))
     losses = []
     for plan in sampler:
         optimizer.zero_grad(set_to_none=True)
@@ -166,7 +170,7 @@ def demo_reference(rank: int, world: int, document: dict[str, Any], out_path: st
         if tc.clip_grad:
             torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip_grad)
         optimizer.step()
-        scheduler.step()
+        scheduler.step(increment=len(items))  # the step's real examples, as the demo steps it
         losses.append(float(loss))
     Path(out_path).write_text(json.dumps({"losses": losses,
                                           "plans": [list(p.rank_real_microbatches)

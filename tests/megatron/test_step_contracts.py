@@ -106,3 +106,22 @@ def test_a_worked_run_steps_by_examples_not_rows():
     optimizer, scheduler = megatron_scheduler(100)
     scheduler.step(increment=lr_increment(meta(examples=50, bins=8)))  # halfway through
     assert math.isclose(optimizer.param_groups[0]["lr"], 0.1 + 0.9 * 0.5, rel_tol=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 40), st.integers(1, 8)), min_size=1, max_size=12),
+       st.integers(0, 30))
+def test_the_demo_schedule_steps_by_examples_and_ends_at_min_lr(steps, warmup):
+    """The CPU demo's schedule is megatron-core's, sized and stepped in examples."""
+    from megatron_packing.demo.train_step import example_schedule, step_schedule
+
+    steps = [meta(examples, 2 * bins) for examples, bins in steps]
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    total = sum(m.num_examples for m in steps)
+    scheduler = example_schedule(optimizer, lr=1.0, min_lr=0.1, weight_decay=0.01,
+                                 warmup_examples=warmup, total_examples=total)
+    for m in steps:
+        step_schedule(scheduler, m)
+    assert scheduler.num_steps == total
+    assert math.isclose(optimizer.param_groups[0]["lr"], 0.1, rel_tol=1e-12)
+    assert optimizer.param_groups[0]["weight_decay"] == 0.01

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from megatron_lm_runs import DP, B, launch, requires_megatron_lm, write_sft_yaml
 from torch.utils.data import SequentialSampler
 
-from megatron_packing.megatron_lm.schedule import examples_the_run_trains, schedule_in_examples
+from megatron_packing.megatron.step_accounting import examples_the_run_trains
+from megatron_packing.megatron_lm.schedule import schedule_in_examples
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 
 MIN_LR = 3e-4  # tests/megatron_lm/megatron_lm_runs.py's MODEL_ARGS
