@@ -13,7 +13,7 @@ import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from megatron_packing.common.validation import ConfigError, check_batch_window, require_positive_int
 from megatron_packing.config.components import (
@@ -27,21 +27,22 @@ from megatron_packing.config.components import (
     PaddedSamplerConfig,
     PlannerConfig,
 )
+from megatron_packing.config.key_attributes import YamlKeyAttributes
 from megatron_packing.config.mode_keys import check_mode_keys
 from megatron_packing.config.yaml_io import check_mapping, read_yaml_mapping, unknown_key_message
 from megatron_packing.packing.alignment import Alignment
 
 
 @dataclass(frozen=True, init=False)
-class PackingConfig:
+class PackingConfig(YamlKeyAttributes):
     """Dataloader settings: five validated components; the flat YAML keys read and set them.
 
     Build it from YAML keys (``PackingConfig(global_batch_size=64, bin_capacity=2048)``, or
     `from_dict`), from components (``PackingConfig(planner=PlannerConfig(...))``), or both (the
-    keys then change the given components). Read a key as an attribute (``config.seed``); change
-    keys with `with_keys`. The defaults below are the YAML's: B and C have no library default (a
-    sampler must be told them), and the YAML opts in to DP alignment, which a sampler built on
-    its own does unless told not to.
+    keys then change the given components). Read a key as an attribute (``config.seed``, one
+    typed property per key: `YamlKeyAttributes`); change keys with `with_keys`. The defaults
+    below are the YAML's: B and C have no library default (a sampler must be told them), and the
+    YAML opts in to DP alignment, which a sampler built on its own does unless told not to.
     """
 
     loader: LoaderConfig = LoaderConfig()
@@ -73,10 +74,6 @@ class PackingConfig:
                 part = dataclasses.replace(part, **changes[name])
             object.__setattr__(self, name, part)
         self._check_between_components()
-
-    if TYPE_CHECKING:  # the YAML keys are properties installed below, one per YAML_KEYS entry
-
-        def __getattr__(self, name: str) -> Any: ...
 
     def _check_between_components(self) -> None:
         if self.planner.align_to_dp and not self.loader.use_sequence_packing:
@@ -147,17 +144,6 @@ class PackingConfig:
         """The flat YAML keys and their values."""
         return {key: getattr(getattr(self, component), name)
                 for key, (component, name) in YAML_KEYS.items()}
-
-
-def _key_reader(component: str, name: str) -> property:
-    def read(self: PackingConfig) -> Any:
-        return getattr(getattr(self, component), name)
-
-    return property(read, doc=f"YAML key, read from ``{component}.{name}``.")
-
-
-for _yaml_key, (_component, _name) in YAML_KEYS.items():
-    setattr(PackingConfig, _yaml_key, _key_reader(_component, _name))
 
 
 _DEFAULT_KEYS = PackingConfig().to_dict()

@@ -6,7 +6,8 @@ A packer turns example lengths into bins: lists of positions into the input. Ste
 2. apply the oversize policy to items whose padded length exceeds the usable capacity;
 3. sort padded sizes largest first, ties by original position (a stable sort on
    ``(-size, position)``), and run the algorithm;
-4. enforce ``min_bin_count`` / ``bin_count_multiple`` by balanced splitting.
+4. with ``dp_size``, round the bin count up to a multiple of dp (`dp_rounding.round_to_dp`,
+   the planner's mechanism too).
 
 Output order is deterministic: oversize ``own_bin`` singletons first (largest first, ties by
 position), then bins in the order the algorithm opened them; bins added by splitting are
@@ -22,9 +23,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from megatron_packing.common.validation import require_int
+from megatron_packing.common.validation import require_int, require_positive_int
 
 from .alignment import Alignment
+from .dp_rounding import round_to_dp
 from .fit import best_fit_decreasing, first_fit_decreasing, group_by_bin
 from .mffd import modified_first_fit_decreasing
 from .rebin import fit_into_count, split_to_count
@@ -91,12 +93,12 @@ def validate_lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
     return arr.astype(np.int64)
 
 
-def _optional_count(value: int | None, name: str, minimum: int) -> int | None:
-    return require_int(name, value, minimum=minimum, allow_none=True, error=ValueError)
-
-
 class SeqPacker(ABC):
-    """Packs sequence lengths into bins of ``bin_capacity`` tokens under an :class:`Alignment`."""
+    """Packs sequence lengths into bins of ``bin_capacity`` tokens under an :class:`Alignment`.
+
+    With ``dp_size``, `pack` returns a multiple of dp bins, at least dp (`round_to_dp`); without
+    it, the algorithm's natural packing, which the step planner needs (it rounds by itself).
+    """
 
     algorithm: ClassVar[PackingAlgorithm]
 
@@ -105,9 +107,7 @@ class SeqPacker(ABC):
         bin_capacity: int,
         *,
         alignment: Alignment | None = None,
-        min_bin_count: int | None = None,
-        bin_count_multiple: int | None = None,
-        allow_empty_bins: bool = False,
+        dp_size: int | None = None,
         oversize_policy: OversizePolicy | str = "error",
     ) -> None:
         self._alignment = alignment if alignment is not None else Alignment()
@@ -115,9 +115,7 @@ class SeqPacker(ABC):
             raise TypeError(f"alignment must be an Alignment, got {type(alignment).__name__}")
         self._usable = self._alignment.usable_capacity(bin_capacity)
         self._bin_capacity = int(bin_capacity)
-        self.min_bin_count = _optional_count(min_bin_count, "min_bin_count", 0)
-        self.bin_count_multiple = _optional_count(bin_count_multiple, "bin_count_multiple", 1)
-        self.allow_empty_bins = bool(allow_empty_bins)
+        self.dp_size = require_positive_int("dp_size", dp_size, allow_none=True, error=ValueError)
         try:
             self.oversize_policy = OversizePolicy(oversize_policy)
         except ValueError:
@@ -146,9 +144,10 @@ class SeqPacker(ABC):
         return self._usable
 
     def __repr__(self) -> str:
+        dp = f", dp_size={self.dp_size}" if self.dp_size is not None else ""
         return (
             f"{type(self).__name__}(bin_capacity={self._bin_capacity}, "
-            f"alignment={self._alignment!r}, oversize_policy={self.oversize_policy.value!r})"
+            f"alignment={self._alignment!r}, oversize_policy={self.oversize_policy.value!r}{dp})"
         )
 
     # -- the algorithm -------------------------------------------------------------------
@@ -229,37 +228,18 @@ class SeqPacker(ABC):
             bins.extend([pos_list[i] for i in b] for b in grouped)
         return bins
 
-    def _target_count(self, count: int) -> int:
-        target = max(count, self.min_bin_count or 0)
-        m = self.bin_count_multiple
-        if m is not None:
-            target = -(-target // m) * m
-        return target
-
     def pack(self, lengths: Sequence[int] | np.ndarray) -> list[list[int]]:
         """Pack ``lengths`` into bins of positions; see the module docstring for the order.
 
         Raises :class:`OversizeSequenceError` for a too-long example under the ``error``
-        policy, and ValueError when the bin count cannot be met without empty bins and
-        ``allow_empty_bins`` is false.
+        policy. With ``dp_size``, empty bins are placeholders: there were fewer examples than
+        the multiple of dp.
         """
         sizes, own = self._prepare(lengths)
-        n = len(sizes)
-        if n == 0 and not self.allow_empty_bins:
-            return []
         bins = self._natural(sizes, own)
-        target = self._target_count(len(bins))
-        if target == len(bins):
+        if self.dp_size is None:
             return bins
-        if n < target and not self.allow_empty_bins:
-            raise ValueError(
-                f"{n} examples cannot fill {target} non-empty bins (min_bin_count="
-                f"{self.min_bin_count}, bin_count_multiple={self.bin_count_multiple}); "
-                f"pass allow_empty_bins=True or supply more examples"
-            )
-        bins = split_to_count(bins, sizes.tolist(), target)
-        bins.extend([] for _ in range(target - len(bins)))
-        return bins
+        return round_to_dp(bins, sizes, self.dp_size)[0]
 
     def pack_to_count(
         self, lengths: Sequence[int] | np.ndarray, num_bins: int
@@ -268,8 +248,7 @@ class SeqPacker(ABC):
 
         More bins than the natural packing: balanced splitting. Fewer: packing capped at
         ``num_bins`` (first, best, then worst fit) plus a bounded repair; a heuristic, so it
-        can return None for a count that some packing could reach. Ignores
-        ``min_bin_count`` and ``bin_count_multiple``.
+        can return None for a count that some packing could reach. Ignores ``dp_size``.
         """
         count = require_int("num_bins", num_bins, minimum=0, error=ValueError)
         assert count is not None  # allow_none is off

@@ -56,17 +56,14 @@ def make_sft_sequence_packer(
 ) -> SeqPacker:
     """The packer SFT training uses: alignment from TP/CP/FP8, bin count a multiple of dp.
 
-    With ``dp_size`` the bin count is at least ``dp_size`` and a multiple of it; empty bins
-    are allowed (they become padding micro-batches) when there are fewer examples than ranks.
+    With ``dp_size`` the bin count is at least ``dp_size`` and a multiple of it (the planner's
+    rounding, `dp_rounding.round_to_dp`): the heaviest bins are split, and when there are fewer
+    examples than that, each gets a bin and the rest are empty placeholder bins.
     """
     _at_least_one(tp_size, "tp_size")
     _at_least_one(cp_size, "cp_size")
-    if dp_size is not None:
-        _at_least_one(dp_size, "dp_size")
     kind = _algorithm(algorithm)
     alignment = make_alignment(tp_size, cp_size, fp8_enabled, fp8_recipe)
     alignment.usable_capacity(bin_capacity)  # clear error when capacity < per-bin multiple
-    kwargs: dict[str, Any] = {"alignment": alignment, "oversize_policy": oversize_policy}
-    if dp_size is not None:
-        kwargs.update(min_bin_count=dp_size, bin_count_multiple=dp_size, allow_empty_bins=True)
-    return _PACKERS[kind](bin_capacity, **kwargs)
+    return _PACKERS[kind](bin_capacity, alignment=alignment, dp_size=dp_size,
+                          oversize_policy=oversize_policy)

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from megatron_packing.packing.dp_rounding import first_multiple, round_to_dp
 from megatron_packing.packing.factory import make_seq_packer
-from megatron_packing.packing.planner.padding import pad as pad_bins
 from megatron_packing.packing.planner.window import StepContext
 
 
@@ -43,7 +43,7 @@ class ReferenceRun:
 
 
 def _padding(count: int, dp: int) -> int:
-    return max(dp, -(-count // dp) * dp) - count
+    return first_multiple(count, dp) - count
 
 
 def plan_exhaustively(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int,
@@ -77,7 +77,7 @@ def plan_exhaustively(lengths: np.ndarray, *, batch_size: int, capacity: int, dp
         segment = lengths[position:position + size]
         # The padding bins as a padded step of the planner makes them (the heaviest split), for
         # the modeled step time.
-        padded, _ = pad_bins(packer, dp_size, segment, packings[size], segment)
+        padded, _ = round_to_dp(packings[size], segment, dp_size)
         step_bins.append([[int(segment[i]) for i in b] for b in padded])
         runs.append(len(order))
         bins += count + pad

@@ -115,12 +115,13 @@ def test_oversize_own_bin_puts_the_example_alone() -> None:
 
 
 def test_bin_count_errors() -> None:
-    with pytest.raises(ValueError, match="allow_empty_bins"):
-        MFFDPacker(100, min_bin_count=4).pack([1, 2, 3])
-    with pytest.raises(ValueError, match="bin_count_multiple"):
-        MFFDPacker(100, bin_count_multiple=0)
-    with pytest.raises(ValueError, match="min_bin_count"):
-        MFFDPacker(100, min_bin_count=-1)
+    with pytest.raises(ValueError, match=r"dp_size must be an integer >= 1 or None, got 2.0"):
+        MFFDPacker(100, dp_size=2.0)
+    with pytest.raises(ValueError, match=r"dp_size must be an integer >= 1, got 0"):
+        MFFDPacker(100, dp_size=0)
+    # The planner rounds padded steps itself: a packer that already rounds is refused.
+    with pytest.raises(ValueError, match=r"rounds them to dp_size=2; build it without dp_size"):
+        StepSizer(make_sft_sequence_packer(100, dp_size=2), 2)
     with pytest.raises(ValueError, match="num_bins"):
         MFFDPacker(100).pack_to_count([1], -1)
 
@@ -141,7 +142,7 @@ def test_sft_packer_with_dp() -> None:
 def test_counts_accept_numpy_integers_and_name_the_setting_when_bad() -> None:
     # One integer rule everywhere: numpy integers count, bools and fractions do not.
     packer = make_sft_sequence_packer(4096, tp_size=np.int64(2), dp_size=np.int32(2))
-    assert packer.alignment.bin_multiple == 2 and packer.bin_count_multiple == 2
+    assert packer.alignment.bin_multiple == 2 and packer.dp_size == 2
     assert sorted(packer.pack_to_count([3, 4, 5], np.int64(3))) == [[0], [1], [2]]
     assert make_token_balanced_microbatches([0, 1], [4, 4], np.int64(8)) == [[0, 1]]
     assert fixed_size_microbatches([5, 6, 7], np.int64(2)) == [[5, 6], [7]]

@@ -1,4 +1,7 @@
-"""Padded steps and deferral at their seams: what they return is always a valid step."""
+"""Padded steps and deferral at their seams: what they return is always a valid step.
+
+How a padded step's bins are rounded up to a multiple of dp: tests/packing/test_dp_rounding.py.
+"""
 
 from __future__ import annotations
 
@@ -9,29 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from megatron_packing.packing.factory import make_seq_packer
-from megatron_packing.packing.planner.padding import fewest_padding_size, pad, rank_padded
+from megatron_packing.packing.planner.padding import fewest_padding_size, rank_padded
 from megatron_packing.packing.planner.sizer import StepSizer
 from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES
 from megatron_packing.packing.planner.window import StepContext
 
 FAST = settings(max_examples=60, deadline=None)
-
-
-@FAST
-@given(st.lists(st.integers(1, 1000), min_size=1, max_size=60), st.integers(1, 16),
-       st.sampled_from(["mffd", "ffd", "bfd"]), st.booleans())
-def test_padding_reaches_a_multiple_of_dp_and_keeps_every_example(lengths, dp, algorithm, direct):
-    capacity = 1000
-    packer = make_seq_packer(algorithm, bin_capacity=capacity)
-    values = np.asarray(lengths, dtype=np.int64)
-    bins = packer.pack(values)
-    padded, placeholders = pad(packer, dp, values, bins, values if direct else None)
-    assert len(padded) % dp == 0 and len(padded) >= max(dp, len(bins))
-    assert sorted(p for b in padded for p in b) == list(range(len(values)))
-    assert all(values[b].sum() <= capacity for b in padded if b)
-    assert placeholders == sum(1 for b in padded if not b)
-    # Placeholder (empty) bins only when there are fewer examples than bins to fill.
-    assert placeholders == max(0, len(padded) - len(values))
 
 
 def test_padded_sizes_rank_by_token_distance_and_padding():

@@ -45,38 +45,17 @@ def test_pack_is_a_fitting_partition(inst) -> None:
 
 
 @SETTINGS
-@given(instances(), st.integers(0, 9), st.integers(1, 5), st.booleans())
-def test_bin_count_constraints(inst, min_count, multiple, allow_empty) -> None:
+@given(instances(), st.integers(1, 9))
+def test_dp_size_rounds_the_bin_count(inst, dp) -> None:
     alignment, capacity, lengths, algorithm = inst
-    packer = make_seq_packer(
-        algorithm,
-        capacity,
-        alignment=alignment,
-        min_bin_count=min_count,
-        bin_count_multiple=multiple,
-        allow_empty_bins=allow_empty,
-    )
+    packer = make_seq_packer(algorithm, capacity, alignment=alignment, dp_size=dp)
     natural = len(make_seq_packer(algorithm, capacity, alignment=alignment).pack(lengths))
-    target = -(-max(natural, min_count) // multiple) * multiple
-    if not lengths and not allow_empty:
-        assert packer.pack(lengths) == []
-        return
-    if len(lengths) < target and not allow_empty:
-        try:
-            packer.pack(lengths)
-        except ValueError as err:
-            assert "allow_empty_bins" in str(err)
-        else:
-            raise AssertionError("expected a ValueError")
-        return
+    target = -(-max(natural, dp) // dp) * dp
     bins = packer.pack(lengths)
     assert len(bins) == target
-    check_partition(bins, len(lengths))
+    check_partition([b for b in bins if b], len(lengths))
     check_fits(bins, lengths, alignment, capacity)
-    if len(lengths) >= target:
-        assert all(bins)
-    else:
-        assert sum(1 for b in bins if b) == len(lengths)
+    assert sum(1 for b in bins if b) == min(len(lengths), target)  # empty only when too few
 
 
 @SETTINGS

@@ -61,26 +61,23 @@ def test_alignment_changes_the_packing() -> None:
 
 def test_balanced_split_takes_the_heaviest_bin() -> None:
     # Capacity 100. FFD: b0 = 50 + 45 (95), b1 = 30 + 10 + 10 + 10 + 10 (70).
-    # min_bin_count=3: split the heaviest multi-item bin, b0 (95), into {50} and {45};
+    # dp_size=3: split the heaviest multi-item bin, b0 (95), into {50} and {45};
     # the first half keeps its place, the second is appended.
     lengths = [50, 45, 30, 10, 10, 10, 10]
-    packer = make_seq_packer("ffd", 100, min_bin_count=3)
+    packer = make_seq_packer("ffd", 100, dp_size=3)
     assert packer.pack(lengths) == [[0], [2, 3, 4, 5, 6], [1]]
     # Four bins: then the heaviest multi-item bin is b1 (70). Items largest first, each into
     # the lighter half (ties: first): 30 -> first; 10, 10, 10 -> second (10, 20, 30);
     # last 10: 30 <= 30 -> first. Halves {30, 10} and {10, 10, 10}.
-    packer4 = make_seq_packer("ffd", 100, min_bin_count=4)
+    packer4 = make_seq_packer("ffd", 100, dp_size=4)
     assert sizes_of(packer4.pack(lengths), lengths) == [[50], [30, 10], [45], [10, 10, 10]]
 
 
-def test_bin_count_multiple_and_empty_bins() -> None:
-    packer = make_seq_packer("mffd", 100, bin_count_multiple=4, allow_empty_bins=True)
+def test_dp_size_and_placeholder_bins() -> None:
+    packer = make_seq_packer("mffd", 100, dp_size=4)
     bins = packer.pack([90, 80, 70])
     assert bins == [[0], [1], [2], []]
-    assert make_seq_packer("mffd", 100, min_bin_count=2, allow_empty_bins=True).pack([]) == [
-        [],
-        [],
-    ]
+    assert make_seq_packer("mffd", 100, dp_size=2).pack([]) == [[], []]
     assert make_seq_packer("mffd", 100).pack([]) == []
 
 

@@ -11,7 +11,7 @@ One job a module, each behind a small typed interface (docs/sampler.md, "The pla
   from each of the next step's end boundaries (`onward_alignment`);
 - `search`: the exact and the bounded search, behind one `SizeSearch` interface;
 - `deferral`: aligning by leaving a few examples for the next step;
-- `padding`: ranking sizes that cannot align, and padding the chosen one;
+- `padding`: ranking sizes that cannot align (their bins are rounded up by `dp_rounding`);
 - `sizer`: `StepSizer`, which puts them together.
 
 Pure numpy: no torch, no ranks, no files. This file imports nothing, so that low modules

@@ -21,9 +21,10 @@ from typing import Protocol
 
 import numpy as np
 
+from megatron_packing.packing.dp_rounding import first_multiple
 from megatron_packing.packing.planner.bounds import BoundJudge, PairJudge, SegmentBound
 from megatron_packing.packing.planner.lookahead import future_alignment, onward_alignment
-from megatron_packing.packing.planner.segments import Bins, SegmentPacker, first_multiple
+from megatron_packing.packing.planner.segments import Bins, SegmentPacker
 from megatron_packing.packing.planner.tunables import PlannerTunables
 from megatron_packing.packing.planner.window import StepContext
 

@@ -13,15 +13,9 @@ from collections import OrderedDict
 import numpy as np
 
 from megatron_packing.packing.algorithms import SeqPacker
+from megatron_packing.packing.dp_rounding import Bins, first_multiple
 from megatron_packing.packing.planner.bounds import SegmentBound
 from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES, PlannerTunables
-
-Bins = list[list[int]]
-
-
-def first_multiple(count: int, dp: int) -> int:
-    """The least multiple of dp at or above ``count``, and at least dp (one bin per rank)."""
-    return max(dp, -(-count // dp) * dp)
 
 
 class SegmentPacker:

@@ -3,8 +3,9 @@
 Inside the window (`window`), a step that can align always does: the exact or the bounded
 search (`search`), planning ahead only to choose among such sizes (`lookahead`). With bounded
 deferral, a step that cannot align may leave a few examples of its window to lead the next step
-(`deferral`). Otherwise the step is padded (`padding`): among the sizes packed, the one after
-which most of the next steps can align, then the best by `padding.rank_padded`.
+(`deferral`). Otherwise the step is padded: among the sizes packed, the one after which most of
+the next steps can align, then the best by `padding.rank_padded`; its bins are rounded up to a
+multiple of dp by `dp_rounding.round_to_dp`, the packer's own dp rounding.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import numpy as np
 
 from megatron_packing.common.validation import require_int
 from megatron_packing.packing.algorithms import SeqPacker
+from megatron_packing.packing.dp_rounding import round_to_dp
 from megatron_packing.packing.planner.bounds import SegmentBound
 from megatron_packing.packing.planner.deferral import DeferralSearch
 from megatron_packing.packing.planner.lookahead import future_alignment
-from megatron_packing.packing.planner.padding import fewest_padding_size, pad, rank_padded
+from megatron_packing.packing.planner.padding import fewest_padding_size, rank_padded
 from megatron_packing.packing.planner.search import (
     BoundedSearch,
     ExactSearch,
@@ -69,6 +71,10 @@ class StepSizer:
         dp = require_int("dp_size", dp_size, minimum=1, error=ValueError)
         deferred = require_int("max_deferred", max_deferred, minimum=0, error=ValueError)
         assert dp is not None and deferred is not None  # allow_none is off
+        if packer.dp_size is not None:
+            raise ValueError(f"StepSizer needs the packer's natural bin counts, but this packer "
+                             f"rounds them to dp_size={packer.dp_size}; build it without dp_size "
+                             f"(the planner rounds padded steps itself)")
         self.packer = packer
         self.dp_size = dp
         self.tunables = tunables
@@ -197,7 +203,8 @@ class StepSizer:
         if aligned:
             final, placeholders = bins, 0
         else:
-            final, placeholders = pad(self.packer, self.dp_size, lengths, bins, sizes)
+            assert sizes is not None, "a padded step passes its aligned sizes"
+            final, placeholders = round_to_dp(bins, sizes, self.dp_size)
         deferred = list(deferred or [])
         return SizingDecision(
             size=len(lengths) - len(deferred),
