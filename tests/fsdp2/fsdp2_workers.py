@@ -21,9 +21,9 @@ from megatron_packing.config.training import ModelConfig, training_config_from_d
 from megatron_packing.demo.launch import dp_group
 from megatron_packing.demo.model import build_tiny_gpt
 from megatron_packing.demo.train_step import example_schedule, forward_backward
-from megatron_packing.megatron.step_accounting import examples_the_run_trains
 from megatron_packing.megatron.fsdp2 import wrap_in_fsdp2
 from megatron_packing.megatron.packed_seq import causal_mask
+from megatron_packing.megatron.step_accounting import examples_the_run_trains
 from megatron_packing.padded.collate import PaddedCollator
 from megatron_packing.padded.sampler import TokenBudgetBatchSampler
 
