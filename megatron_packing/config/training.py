@@ -63,6 +63,7 @@ class TrainConfig:
     checkpoint_every: int = 20
     checkpoint_keep: int = 3  # complete checkpoints kept; older ones are deleted
     log_every: int = 5
+    eval_every: int = 0  # validate on data.valid_paths every N steps (0: after training only)
     num_workers: int = 0
     output_dir: str = "runs/demo_cpu"
     backend: str = "megatron_ddp"  # one of BACKENDS
@@ -75,7 +76,7 @@ class DataConfig:
     loss_on: str = "assistant"
     on_bad_record: str = "error"
     cache_dir: str | None = None
-    valid_paths: list[str] = field(default_factory=list)  # validation data (Megatron-LM entry)
+    valid_paths: list[str] = field(default_factory=list)  # validation data (empty: none)
 
 
 @dataclass
@@ -155,6 +156,7 @@ def _check_train(t: TrainConfig, source: str) -> None:
     for key in ("steps", "dp_size", "checkpoint_every", "checkpoint_keep", "log_every"):
         c.integer(key, 1)
     c.integer("warmup_steps", 0)
+    c.integer("eval_every", 0)
     c.integer("num_workers", 0)
     c.number("lr", minimum=0, strict=True)
     c.number("min_lr", minimum=0, strict=False)

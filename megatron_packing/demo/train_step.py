@@ -27,7 +27,7 @@ backward (so FSDP2's and DP's collectives line up across ranks) with zero loss a
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -160,6 +160,26 @@ def forward_backward(model: MegatronModule, batch: PackedBatch | PaddedBatch, *,
             forward_only=forward_only,
         )
     return reduce_reported_loss(reports, global_tokens, dp_group, check_tokens=ddp)
+
+
+def evaluate(model: MegatronModule, loader: Iterable[PackedBatch | PaddedBatch], *,
+             dp_group: dist.ProcessGroup | None = None, loss_from_logits: bool = False) -> float:
+    """The token-mean loss over one pass of ``loader`` (an ``eval_mode`` loader), forward only.
+
+    Each step's loss is its global token mean, so the pass weighs it by its loss tokens."""
+    total, tokens = 0.0, 0
+    model.eval()
+    try:
+        with torch.no_grad():
+            for batch in loader:
+                count = int(batch.meta.num_loss_tokens or 0)
+                loss = forward_backward(model, batch, dp_group=dp_group, forward_only=True,
+                                        loss_from_logits=loss_from_logits)
+                total += loss * count
+                tokens += count
+    finally:
+        model.train()
+    return total / tokens if tokens else math.nan
 
 
 def _drop_stale_grads(model: torch.nn.Module) -> None:

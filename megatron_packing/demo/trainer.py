@@ -65,6 +65,7 @@ from megatron_packing.megatron.step_loop import LoopEnd, StepDone, StepHost, Ste
 from megatron_packing.megatron.train_stream import EmptyEpoch, TrainStream
 
 METRICS_FILE = "metrics.jsonl"
+VALID_FILE = "valid.jsonl"  # validation losses, one record per validation
 SUMMARY_FILE = "summary.json"
 NO_COUNT_AGREEMENT_ENV = "MEGATRON_PACKING_TEST_NO_COUNT_AGREEMENT"
 """TEST ONLY. Set to 1, padded steps drop their dummy micro-batches, so each rank runs its own
@@ -170,9 +171,19 @@ def _prepare_launch(cfg: TrainingConfig, specs: list[RunSpec]) -> None:
         raise TrainingError(str(exc)) from None
     if not cfg.packing.use_sequence_packing:
         _check_padded_lengths(cfg, dataset)
-    if cfg.data.valid_paths:
-        print("[train] warning: data.valid_paths is not read by the demo trainer (it has no "
-              "validation pass); the Megatron-LM entry point evaluates on it", flush=True)
+    if cfg.data.valid_paths:  # tokenized once here too; an empty set is refused by name
+        try:
+            valid = _load_dataset(cfg, cfg.data.valid_paths)
+        except (BadRecordError, CorruptStoreError):
+            raise
+        except (ValueError, OSError) as exc:
+            raise TrainingError(f"cannot load the validation data "
+                                f"({', '.join(cfg.data.valid_paths)}): {exc}") from None
+        if len(valid) == 0:
+            raise TrainingError(f"data.valid_paths ({', '.join(cfg.data.valid_paths)}) holds no "
+                                "examples to validate on; remove it or give it records")
+        if not cfg.packing.use_sequence_packing:
+            _check_padded_lengths(cfg, valid)
     setup = resume_setup(cfg, dataset)
     for spec in specs:
         if spec.resume:
@@ -251,11 +262,13 @@ def _torchrun_worker(rank: int, world: int, cfg: TrainingConfig, specs: list[Run
         raise RunInterrupted(stopped_by, "every rank stopped at the same step")
 
 
-def _load_dataset(cfg: TrainingConfig) -> Any:
+def _load_dataset(cfg: TrainingConfig, paths: list[str] | None = None) -> Any:
+    """The training data (or ``paths``: the validation data) through the length index."""
     from megatron_packing.data import load_sft_dataset
 
     data = cfg.data
-    return load_sft_dataset([cfg.resolve(p) for p in data.paths], cfg.resolve(data.tokenizer),
+    chosen = data.paths if paths is None else paths
+    return load_sft_dataset([cfg.resolve(p) for p in chosen], cfg.resolve(data.tokenizer),
                             loss_on=data.loss_on, on_bad_record=data.on_bad_record,
                             cache_dir=cfg.resolve(data.cache_dir) if data.cache_dir else None,
                             show_progress=False)
@@ -280,6 +293,7 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
     from megatron_packing.demo.model import build_tiny_gpt
     from megatron_packing.demo.train_step import (
         broadcast_parameters,
+        evaluate,
         example_schedule,
         train_step,
     )
@@ -364,16 +378,29 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
         return StepDone(result.loss, result.lr, result.grad_norm,
                         compute_ms=(time.perf_counter() - began) * 1000)
 
+    validate = None
+    if cfg.data.valid_paths:
+        valid_loader = build_sft_dataloader(_load_dataset(cfg, cfg.data.valid_paths), cfg.packing,
+                                            dp_rank=rank, dp_size=world, eval_mode=True)
+
+        def validate(at: int) -> float:
+            return evaluate(model, valid_loader, dp_group=group,
+                            loss_from_logits=loss_from_logits)
+
     host = DemoHost(rank=rank, group=group, step_once=step_once, checkpoint=checkpoint,
                     logger=logger, checkpoint_every=tc.checkpoint_every,
                     log_every=tc.log_every if not spec.quiet else 0, total_steps=tc.steps,
-                    last_saved=start_step, out=out)
+                    last_saved=start_step, out=out, validate=validate,
+                    eval_every=tc.eval_every)
     try:
         result = run_steps(host, stream, start=start_step, stop=stop)
     except EmptyEpoch:
         raise TrainingError(f"the dataloader yields no step from {len(dataset)} "
                             "examples") from None
     stopped_by = host.stopped_by if result.end is LoopEnd.STOPPED else 0
+    if result.end is LoopEnd.COMPLETED and result.step == tc.steps and \
+            host.validation_ready and host.last_validated != result.step:
+        host.validate(result.step)  # as Megatron-LM's pretrain(): a validation after training
     stream.close()
     if logger is not None:
         logger.finish()
@@ -395,12 +422,35 @@ class DemoHost(StepHost):
     def __init__(self, *, rank: int, group: Any, step_once: Callable[[Any], StepDone],
                  checkpoint: Callable[[int], None], logger: MetricsLogger | None,
                  checkpoint_every: int, log_every: int, total_steps: int, last_saved: int,
-                 out: Path) -> None:
+                 out: Path, validate: Callable[[int], float] | None = None,
+                 eval_every: int = 0) -> None:
         self.rank, self.group, self.out = rank, group, out
         self._step_once, self._checkpoint, self.logger = step_once, checkpoint, logger
         self.checkpoint_every, self.log_every = checkpoint_every, log_every
         self.total_steps, self.last_saved = total_steps, last_saved
+        self._validate, self.eval_every = validate, eval_every
+        self.last_validated = -1
         self.stopped_by = 0  # the signal that stopped the run (0: none)
+        if rank == 0 and validate is not None:  # validations redone after a resume are rewritten
+            truncate_jsonl(out / VALID_FILE, keep_steps_below=last_saved + 1)
+
+    @property
+    def validation_ready(self) -> bool:
+        return self._validate is not None
+
+    def validation_due(self, step: int) -> bool:
+        return self._validate is not None and self.eval_every > 0 and step % self.eval_every == 0
+
+    def validate(self, step: int) -> None:
+        """The validation set's token-mean loss after ``step`` steps, in valid.jsonl (rank 0)."""
+        assert self._validate is not None  # validation_due says so
+        loss = self._validate(step)
+        self.last_validated = step
+        if self.rank == 0:
+            with open(self.out / VALID_FILE, "a") as f:
+                f.write(json.dumps({"step": step, "valid/loss": loss}) + "\n")
+            if self.log_every:
+                print(f"[train] validation after step {step}: loss {loss:.4f}", flush=True)
 
     def run_step(self, step: int, batch: Any) -> StepDone:
         return self._step_once(batch)

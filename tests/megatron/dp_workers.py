@@ -65,3 +65,41 @@ def packed_vs_unpacked(rank: int, world: int, out_dir: str) -> None:
         })
         optimizer.step()  # move the weights so later steps compare at new points
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(records))
+
+
+def validation_reference(rank: int, world: int, cfg, run_dir: str, valid_path: str,
+                         out_path: str) -> None:
+    """The token-mean loss over every example of ``valid_path``, one example per forward, with
+    the weights of the run's latest checkpoint (float64 cross-entropy)."""
+    import torch.nn.functional as F
+
+    from megatron_packing.data import load_sft_dataset
+    from megatron_packing.data.tokenize import load_tokenizer
+    from megatron_packing.demo.checkpoint import latest_checkpoint, load_checkpoint
+    from megatron_packing.demo.trainer import model_positions
+    from megatron_packing.megatron.packed_seq import causal_mask
+
+    tokenizer = cfg.data.tokenizer
+    train_ds = load_sft_dataset(cfg.data.paths, tokenizer, cache_dir=cfg.data.cache_dir,
+                                show_progress=False)
+    valid_ds = load_sft_dataset([valid_path], tokenizer, cache_dir=cfg.data.cache_dir,
+                                show_progress=False)
+    model = build_tiny_gpt(cfg.model, vocab_size=len(load_tokenizer(tokenizer)),
+                           max_seq_len=model_positions(cfg, train_ds))
+    checkpoint = latest_checkpoint(run_dir)
+    assert checkpoint is not None
+    model.load_state_dict(load_checkpoint(checkpoint, 0)["model"])
+    model.eval()
+    capacity = cfg.packing.bin_capacity
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for i in range(len(valid_ds)):
+            example = valid_ds[i]
+            ids = torch.as_tensor(example["input_ids"], dtype=torch.int64)[:capacity]
+            mask = torch.as_tensor(example["loss_mask"], dtype=torch.float64)[:capacity]
+            n = len(ids)
+            logits = model(ids[None], torch.arange(n)[None], causal_mask(n))
+            losses = F.cross_entropy(logits[0, :-1].double(), ids[1:], reduction="none")
+            total += float((losses * mask[1:]).sum())
+            tokens += int(mask[1:].sum())
+    Path(out_path).write_text(json.dumps({"loss": total / tokens, "checkpoint": checkpoint.name}))

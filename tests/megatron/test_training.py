@@ -23,6 +23,7 @@ DEMO_DATA = REPO / "examples" / "data" / "demo_chat.jsonl"
 TOKENIZER = REPO / "examples" / "tokenizer"
 STEPS = 9
 STOP_AT = 4
+EVAL_EVERY = 4
 PACKING = {"global_batch_size": 8, "bin_capacity": 256, "align_packing_bins_to_dp": True,
            "packing_batch_size_allowed_variation": 0.25, "oversize_policy": "truncate",
            "seed": 3}
@@ -71,12 +72,14 @@ def runs(tmp_path_factory):
     else:
         pytest.fail("no prefix of the demo data gives a placeholder row")
     data = _write(root / "data.jsonl", lines[:n])
+    valid = _write(root / "valid.jsonl", DEMO_DATA.read_text().splitlines()[200:230])
     cfg = training_config_from_dict({
         "packing": PACKING,
-        "data": {"paths": [str(data)], "tokenizer": str(TOKENIZER), "cache_dir": str(root / "cache")},
+        "data": {"paths": [str(data)], "tokenizer": str(TOKENIZER), "cache_dir": str(root / "cache"),
+                 "valid_paths": [str(valid)]},
         "model": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2},
         "train": {"steps": STEPS, "lr": 0.01, "warmup_steps": 2, "dp_size": 2,
-                  "checkpoint_every": 100},
+                  "checkpoint_every": 100, "eval_every": EVAL_EVERY},
         "logging": {"wandb": False, "plot": False},
     })
     dirs = {name: str(root / name) for name in ("full", "w0", "w2")}
@@ -88,7 +91,8 @@ def runs(tmp_path_factory):
                       RunSpec(dirs["w2"], resume=True, num_workers=2, quiet=True)])
     full_ds = load_sft_dataset([str(data)], str(TOKENIZER), cache_dir=str(root / "cache"),
                                show_progress=False)
-    return {"dirs": dirs, "part1": part1, "plans": _global_plans(full_ds, STEPS)}
+    return {"dirs": dirs, "part1": part1, "plans": _global_plans(full_ds, STEPS), "cfg": cfg,
+            "valid": str(valid)}
 
 
 def _write(path: Path, lines: list[str]) -> Path:
@@ -139,3 +143,29 @@ def test_loss_falls_and_outputs_exist(runs):
     assert (ckpt / "latest").read_text().strip() == f"step_{STEPS:06d}"
     assert {p.name for p in (ckpt / f"step_{STEPS:06d}").iterdir()} == {"rank0.pt", "rank1.pt",
                                                                      "manifest.json"}
+
+
+def _valid(run_dir: str) -> list[dict]:
+    return read_jsonl(Path(run_dir) / "valid.jsonl")
+
+
+def test_validation_runs_when_due_and_after_training_and_resumes_exactly(runs):
+    full = _valid(runs["dirs"]["full"])
+    assert [r["step"] for r in full] == [4, 8, STEPS]  # every eval_every steps, then the last
+    assert len({r["valid/loss"] for r in full}) == 3  # the model moved between them
+    for name in ("w0", "w2"):  # stopped after step 4 (validated), resumed: the same losses
+        assert _valid(runs["dirs"][name]) == full
+
+
+def test_the_validation_loss_is_the_token_mean_over_every_validation_example(runs, tmp_path):
+    """The final validation, recomputed one example per forward from the final checkpoint."""
+    from dp_workers import validation_reference
+
+    from megatron_packing.demo.launch import spawn_data_parallel
+
+    out = runs["dirs"]["full"]
+    result = tmp_path / "reference.json"
+    spawn_data_parallel(validation_reference, 1, runs["cfg"], out, runs["valid"], str(result))
+    reference = json.loads(result.read_text())
+    assert reference["checkpoint"] == f"step_{STEPS:06d}"
+    assert _valid(out)[-1]["valid/loss"] == pytest.approx(reference["loss"], rel=1e-5)
