@@ -25,12 +25,8 @@ from report import Report  # noqa: E402
 
 from megatron_packing.common.validation import allowed_batch_variation  # noqa: E402
 from megatron_packing.packing.reference import contiguous_path_bounds  # noqa: E402
-from megatron_packing.reports.simulation import (  # noqa: E402
-    compare,
-    find_pool_dir,
-    load_pools,
-    mixed_stream,
-)
+from megatron_packing.reports.pools import find_pool_dir, load_pools, mixed_stream  # noqa: E402
+from megatron_packing.reports.simulation import compare  # noqa: E402
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 
 from megatron_packing.data.dataset import SFTDataset  # noqa: E402
 from megatron_packing.data.store import StoreWriter, TokenStore  # noqa: E402
-from megatron_packing.reports.simulation import find_pool_dir, load_pools, mixed_stream  # noqa: E402
+from megatron_packing.reports.pools import find_pool_dir, load_pools, mixed_stream  # noqa: E402
 from megatron_packing.stream.fetch import PlannedDataset, check_fetched  # noqa: E402
 
 

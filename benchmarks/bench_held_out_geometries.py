@@ -30,13 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import Report  # noqa: E402
 
 from megatron_packing.common.validation import allowed_batch_variation  # noqa: E402
-from megatron_packing.reports.simulation import (  # noqa: E402
-    ceiling_aligned_steps,
-    compare,
-    find_pool_dir,
-    load_pools,
-    mixed_stream,
-)
+from megatron_packing.reports.pools import find_pool_dir, load_pools, mixed_stream  # noqa: E402
+from megatron_packing.reports.simulation import ceiling_aligned_steps, compare  # noqa: E402
 
 MIXES = {
     "short chat": ("alpaca_demo", "gsm8k"),

@@ -35,7 +35,7 @@ from megatron_packing.megatron.lm_batch import (  # noqa: E402
 from megatron_packing.megatron.packed_seq import packed_seq_params  # noqa: E402
 from megatron_packing.packed.collate import PackedMicroBatch  # noqa: E402
 from megatron_packing.packing.factory import make_sft_sequence_packer  # noqa: E402
-from megatron_packing.reports.simulation import find_pool_dir, load_pools, mixed_stream  # noqa: E402
+from megatron_packing.reports.pools import find_pool_dir, load_pools, mixed_stream  # noqa: E402
 
 
 def packed_rows(count: int, capacity: int, cp: int, seed: int) -> list[PackedMicroBatch]:

@@ -25,7 +25,7 @@ from report import Report  # noqa: E402
 
 from megatron_packing.config import PackingConfig  # noqa: E402
 from megatron_packing.loader.dataloader import build_sft_dataloader  # noqa: E402
-from megatron_packing.reports.simulation import find_pool_dir, load_pools, mixed_stream  # noqa: E402
+from megatron_packing.reports.pools import find_pool_dir, load_pools, mixed_stream  # noqa: E402
 
 
 class SyntheticTokens:

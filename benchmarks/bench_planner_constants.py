@@ -26,13 +26,8 @@ from report import Report  # noqa: E402
 
 from megatron_packing.packing import rebin  # noqa: E402
 from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES, PlannerTunables  # noqa: E402
-from megatron_packing.reports.simulation import (  # noqa: E402
-    SimulationResult,
-    find_pool_dir,
-    load_pools,
-    mixed_stream,
-    simulate,
-)
+from megatron_packing.reports.pools import find_pool_dir, load_pools, mixed_stream  # noqa: E402
+from megatron_packing.reports.simulation import SimulationResult, simulate  # noqa: E402
 
 # (B, capacity, dp, steps, max deferred): the exact lookahead (B = 128), the whole-window
 # bounded search (B = 256), the budgeted search (B = 1024), and deferral.

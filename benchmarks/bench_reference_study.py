@@ -23,13 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import Report  # noqa: E402
 
 from megatron_packing.common.validation import allowed_batch_variation  # noqa: E402
+from megatron_packing.reports.pools import find_pool_dir, load_pools, mixed_stream  # noqa: E402
 from megatron_packing.reports.simulation import (  # noqa: E402
     ceiling_aligned_steps,
     compare,
-    find_pool_dir,
     format_comparison,
-    load_pools,
-    mixed_stream,
 )
 
 GEOMETRIES = ((1024, 65536, 4), (1024, 65536, 8), (256, 16384, 8), (512, 32768, 16),

@@ -40,7 +40,7 @@ def child(examples: int, order: str, steps: int, batch: int, capacity: int, dp: 
     import torch
 
     from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
-    from megatron_packing.reports.simulation import find_pool_dir, load_pools, mixed_stream
+    from megatron_packing.reports.pools import find_pool_dir, load_pools, mixed_stream
     from megatron_packing.stream.base_order import SeededRandomOrder
 
     class ListOrder(torch.utils.data.Sampler):

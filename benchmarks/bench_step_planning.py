@@ -26,13 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import Report  # noqa: E402
 
 from megatron_packing.common.validation import allowed_batch_variation  # noqa: E402
-from megatron_packing.reports.simulation import (  # noqa: E402
-    find_pool_dir,
-    load_pools,
-    mixed_stream,
-    simulate,
-    simulate_exhaustive,
-)
+from megatron_packing.reports.pools import find_pool_dir, load_pools, mixed_stream  # noqa: E402
+from megatron_packing.reports.simulation import simulate, simulate_exhaustive  # noqa: E402
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ import yaml  # noqa: E402
 from megatron_packing.config import PackingConfig, yaml_io  # noqa: E402
 from megatron_packing.packed import components  # noqa: E402
 from megatron_packing.packed import sampler as packed_sampler
-from megatron_packing.reports.simulation import find_pool_dir, load_pools, mixed_stream  # noqa: E402
+from megatron_packing.reports.pools import find_pool_dir, load_pools, mixed_stream  # noqa: E402
 from megatron_packing.stream.fetch import check_fetched  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

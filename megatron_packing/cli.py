@@ -59,17 +59,6 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _simulate(argv: Sequence[str]) -> int:
-    if any(a == "--config" or a.startswith("--config=") for a in argv):
-        from megatron_packing.reports.commands import simulate_command
-
-        return simulate_command(argv)
-    from megatron_packing.reports.simulation import run_simulation
-
-    result = run_simulation(list(argv))
-    return result if isinstance(result, int) else 0
-
-
 def _inspect(args: argparse.Namespace) -> int:
     from megatron_packing.config import ConfigError
     from megatron_packing.data import BadRecordError, CorruptStoreError
@@ -138,13 +127,10 @@ def _budget(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tune(argv: Sequence[str]) -> int:
-    from megatron_packing.reports.commands import tune_command
-
-    return tune_command(argv)
-
-
 def build_parser() -> argparse.ArgumentParser:
+    """The whole command line: one parser, a subparser per command with all its options."""
+    from megatron_packing.reports.arguments import add_simulate_arguments, add_tune_arguments
+
     parser = argparse.ArgumentParser(prog="megatron-packing",
                                      description="DP-aligned sequence packing for Megatron SFT")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -159,10 +145,22 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--no-wandb", action="store_true", help="do not log to W&B")
     tr.add_argument("--steps", type=int, help="override train.steps")
 
-    sub.add_parser("simulate", help="simulate packing and DP alignment on a length distribution, "
-                   "or with --config on a training YAML's own data", add_help=False)
-    sub.add_parser("tune", help="sweep capacity x variation on a training YAML's data and "
-                   "recommend a setting", add_help=False)
+    sim = sub.add_parser(
+        "simulate", help="simulate packing and DP alignment on the shipped length pools, or "
+                         "with --config on a training YAML's own data",
+        description="Fixed B against DP-aligned packing, planned with the real sampler. With "
+                    "--config: on the YAML's own data and packing section (table, JSON, PNG). "
+                    "Without: on the shipped length pools, beside the exhaustive reference and "
+                    "the offline best contiguous path (table or JSON).")
+    add_simulate_arguments(sim)
+    sim.set_defaults(command_parser=sim)  # a refusal after parsing is reported by its parser
+    tune = sub.add_parser(
+        "tune", help="sweep capacity x variation on a training YAML's data and recommend a "
+                     "setting",
+        description="Sweep bin capacity x batch-size variation on the config's own data (a short "
+                    "aligned simulation per point) and recommend a setting, with the reasons.")
+    add_tune_arguments(tune)
+    tune.set_defaults(command_parser=tune)
 
     ins = sub.add_parser("inspect", help="print a config's resolved packing keys and v")
     ins.add_argument("--config", required=True)
@@ -190,13 +188,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``megatron-packing``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "simulate":
-        return _simulate(argv[1:])
-    if argv and argv[0] == "tune":
-        return _tune(argv[1:])
+    """Entry point of ``megatron-packing``: one parse of the whole tree, then the subcommand."""
     args = build_parser().parse_args(argv)
+    if args.command in ("simulate", "tune"):
+        from megatron_packing.reports.arguments import UsageError
+        from megatron_packing.reports.commands import simulate_command, tune_command
+
+        try:
+            return simulate_command(args) if args.command == "simulate" else tune_command(args)
+        except UsageError as exc:
+            args.command_parser.error(str(exc))  # usage line, the message, exit status 2
     if args.command == "train":
         try:
             return _train(args)

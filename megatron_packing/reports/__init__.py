@@ -1,10 +1,13 @@
 """Reports on a user's own data and config: what training would plan, before it runs.
 
+- `steps`: the one step-simulation engine (`run_steps` -> `StepSeries`, its totals and `cv`);
+- `simulation`: fixed B, the exhaustive reference and DP-aligned packing on length pools
+  (`pools`: the shipped pools and the streams drawn from them);
 - `config_simulation`: a training YAML's data (through the cached length index) and packing
   section, simulated step by step with fixed batches and with DP alignment;
 - `tuning`: the capacity x variation grid and the rule that recommends a point (pure);
 - `plots`: the PNG figures (matplotlib, imported lazily);
-- `commands`: the ``megatron-packing simulate --config`` / ``tune`` / ``inspect --with-data``
-  bodies;
+- `arguments`: the options of ``simulate`` and ``tune`` on the command line's one parser tree;
+- `commands`: the ``megatron-packing simulate`` / ``tune`` / ``inspect --with-data`` bodies;
 - `progress`: tqdm bars that stay quiet off a terminal.
 """

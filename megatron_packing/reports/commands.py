@@ -1,9 +1,12 @@
-"""The bodies of ``megatron-packing simulate --config``, ``tune`` and ``inspect --with-data``.
+"""The bodies of ``megatron-packing simulate``, ``tune`` and ``inspect --with-data``.
 
-Each reads a training YAML, loads its data through the cached length index, prints a table and
-writes a JSON and a PNG under ``--output-dir`` (default ``reports/<config name>/``). Errors in
-the config or the data are printed as one line naming the key, file or record, with exit
-status 2.
+Each takes the namespace of the command line's one parser tree (`megatron_packing.cli`; the
+options are declared in `arguments`). The ``--config`` forms read a training YAML, load its data
+through the cached length index, print a table and write a JSON and a PNG under
+``--output-dir`` (default ``reports/<config name>/``); errors in the config or the data are
+printed as one line naming the key, file or record, with exit status 2. The pool form of
+``simulate`` prints the comparison table (or JSON) of `simulation.compare` on a length pool; a
+bad combination of arguments or an unknown pool raises `arguments.UsageError`.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +24,7 @@ import numpy as np
 
 from megatron_packing.config import ConfigError
 
+from .arguments import UsageError, resolve_simulate_form
 from .config_simulation import (
     ConfigInputs,
     DatasetLengths,
@@ -30,10 +35,13 @@ from .config_simulation import (
     simulate_steps,
     steps_for,
 )
+from .pools import find_pool_dir, load_pools, pool_stream
 from .progress import Progress, progress_enabled
+from .simulation import ceiling_aligned_steps, compare, format_comparison
 from .tuning import (
     DEFAULT_CAPACITY_FACTORS,
     DEFAULT_VARIATIONS,
+    TUNE_MAX_STEPS,
     TunePoint,
     capacity_grid,
     make_grid,
@@ -41,42 +49,9 @@ from .tuning import (
     truncates_most,
 )
 
-TUNE_MAX_STEPS = 200  # steps per grid point by default: a short simulation each
-
 
 def default_output_dir(config: str | Path) -> Path:
     return Path("reports") / Path(config).stem
-
-
-def _positive(name: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {value}")
-        return value
-    return parse
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--variations takes numbers in (0, 1), got {text!r}") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"--variations takes numbers in (0, 1), got {value}")
-    return value
-
-
-def _common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, help="training YAML (packing: and data: sections)")
-    parser.add_argument("--dp-size", type=_positive("--dp-size"),
-                        help="data-parallel size (default: the YAML's train.dp_size)")
-    parser.add_argument("--output-dir", help="where the JSON and PNG go (default: reports/<config name>)")
-    parser.add_argument("--no-plot", action="store_true", help="write no PNG")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def _fail(command: str, exc: BaseException) -> int:
@@ -115,17 +90,41 @@ def _plot(make: Callable[[], Path], command: str) -> str:
 
 
 # ---------------------------------------------------------------------------- simulate
-def simulate_command(argv: Sequence[str]) -> int:
-    """``megatron-packing simulate --config train.yaml [--dp-size N] [--steps K] [--output-dir D]``."""
-    parser = argparse.ArgumentParser(
-        prog="megatron-packing simulate --config",
-        description="Fixed B against DP-aligned packing on the config's own data: per-step bins, "
-                    "padding bins, fill, batch size and rank imbalance (table, JSON and PNG).")
-    _common_arguments(parser)
-    parser.add_argument("--steps", type=_positive("--steps"),
-                        help="steps to plan (default: the YAML's train.steps, else one epoch)")
-    parser.add_argument("--json", action="store_true", help="print the JSON instead of the table")
-    args = parser.parse_args(list(argv))
+def simulate_command(args: argparse.Namespace) -> int:
+    """``megatron-packing simulate``: with ``--config`` on a training YAML's data, else on the
+    length pools. Raises `UsageError` for arguments that do not make sense together."""
+    resolve_simulate_form(args)
+    return _simulate_on_config(args) if args.config is not None else _simulate_on_pools(args)
+
+
+def _simulate_on_pools(args: argparse.Namespace) -> int:
+    """Fixed B, the exhaustive reference, aligned (and deferred) and the offline best path."""
+    try:
+        pools = load_pools(find_pool_dir(args.pool_dir))
+        lengths = pool_stream(pools, args.pool, args.steps * args.batch_size, args.capacity,
+                              seed=args.seed)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    common: dict[str, Any] = dict(batch_size=args.batch_size, capacity=args.capacity,
+                                  dp_size=args.dp_size, steps=args.steps,
+                                  variation=args.variation, algorithm=args.algorithm)
+    runs = compare(lengths, exhaustive=not args.no_exhaustive,
+                   max_deferred_examples=args.max_deferred, **common)
+    ceiling = None if args.no_ceiling else ceiling_aligned_steps(lengths, **common)
+    if args.json:
+        document: dict[str, Any] = {r.label: asdict(r) for r in runs}
+        if ceiling is not None:
+            document["best_contiguous_path"] = {"aligned_steps": ceiling}
+        print(json.dumps(document, indent=2))
+    else:
+        title = (f"{args.pool} pool, B={args.batch_size}, capacity={args.capacity}, "
+                 f"dp={args.dp_size}, variation={args.variation}, {args.steps} steps")
+        print(format_comparison(runs, title, ceiling))
+    return 0
+
+
+def _simulate_on_config(args: argparse.Namespace) -> int:
+    """Fixed B against aligned on the YAML's data: table, ``simulate.json``, ``simulate.png``."""
     started = time.perf_counter()
     try:
         inputs = read_config(args.config, dp_size=args.dp_size, steps=args.steps)
@@ -158,21 +157,8 @@ def simulate_command(argv: Sequence[str]) -> int:
 
 
 # ---------------------------------------------------------------------------- tune
-def tune_command(argv: Sequence[str]) -> int:
-    """``megatron-packing tune --config train.yaml --dp-size N [--output-dir D]``."""
-    parser = argparse.ArgumentParser(
-        prog="megatron-packing tune",
-        description="Sweep bin capacity x batch-size variation on the config's own data (a short "
-                    "aligned simulation per point) and recommend a setting, with the reasons.")
-    _common_arguments(parser)
-    parser.add_argument("--steps", type=_positive("--steps"),
-                        help=f"steps per grid point (default: the YAML's train.steps or one "
-                             f"epoch, at most {TUNE_MAX_STEPS})")
-    parser.add_argument("--capacities", type=_positive("--capacities"), nargs="+",
-                        help="bin capacities to try (default: half, the current one and double)")
-    parser.add_argument("--variations", type=_fraction, nargs="+",
-                        help=f"variations to try (default: {' '.join(map(str, DEFAULT_VARIATIONS))})")
-    args = parser.parse_args(list(argv))
+def tune_command(args: argparse.Namespace) -> int:
+    """``megatron-packing tune``: the capacity x variation grid and a recommendation."""
     started = time.perf_counter()
     try:
         inputs = read_config(args.config, dp_size=args.dp_size, steps=args.steps)

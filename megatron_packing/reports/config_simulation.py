@@ -5,15 +5,15 @@ trainers make, so the index built here is the one training reuses), and its ``pa
 section builds the real `DPAlignedPackingBatchSampler` with the configured base order, seed,
 algorithm, alignment rules, rank assignment and lookahead. Two runs see the same example order:
 "fixed B" (every step B examples, the bin count rounded up to dp with padding bins) and
-"aligned" (the batch size varies within +-v so the bin count divides by dp). Each step's plan is
-recorded, so the report can show per-step bins, padding bins, fill, batch size and imbalance.
+"aligned" (the batch size varies within +-v so the bin count divides by dp). Each run goes through
+the shared step engine (`steps.run_steps`), so the report shows per-step bins, padding bins,
+fill, batch size and imbalance, and the same totals as the length-pool simulation.
 """
 
 from __future__ import annotations
 
 import math
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,10 +29,9 @@ from megatron_packing.config import (
 )
 from megatron_packing.config.training import DataConfig, training_config_from_dict
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
-from megatron_packing.packing.step_time import StepTimes, rank_times
 from megatron_packing.stream.base_order import make_base_order
 
-from .progress import Progress
+from .steps import StepSeries, run_steps
 
 _TRAINER_SECTIONS = ("model", "train", "logging")
 
@@ -127,86 +126,6 @@ def load_lengths(inputs: ConfigInputs, *, show_progress: bool = False) -> Datase
                           time.perf_counter() - started)
 
 
-@dataclass
-class StepSeries:
-    """Per-step facts of one simulated run (one entry per step)."""
-
-    label: str
-    bin_capacity: int
-    dp_size: int
-    variation: float
-    batch_size: np.ndarray
-    tokens: np.ndarray
-    bins: np.ndarray
-    padding_bins: np.ndarray
-    token_fill: np.ndarray
-    dp_imbalance: np.ndarray
-    aligned: np.ndarray
-    truncated: np.ndarray
-    plan_ms: np.ndarray
-    slowest_rank: np.ndarray  # modeled step time: the slowest rank's summed s + s^2 / k
-    mean_rank: np.ndarray  # the mean rank's
-    hopeless_steps: int = 0
-    seconds: float = 0.0
-
-    @property
-    def steps(self) -> int:
-        return len(self.bins)
-
-    def summary(self) -> dict[str, Any]:
-        """The run's totals: the figures the table, the tuning grid and the JSON report."""
-        bins = int(self.bins.sum())
-        tokens = int(self.tokens.sum())
-        per_rank = self.bins / self.dp_size
-        return {
-            "steps": self.steps,
-            "examples": int(self.batch_size.sum()),
-            "tokens": tokens,
-            "bins": bins,
-            "padding_bins": int(self.padding_bins.sum()),
-            "token_fill": tokens / (bins * self.bin_capacity) if bins else 0.0,
-            "aligned_steps": int(self.aligned.sum()),
-            "aligned_fraction": float(self.aligned.mean()) if self.steps else 0.0,
-            "batch_size_min": int(self.batch_size.min()) if self.steps else 0,
-            "batch_size_max": int(self.batch_size.max()) if self.steps else 0,
-            "token_cv": _cv(self.tokens),
-            "dp_imbalance_mean": float(self.dp_imbalance.mean()) if self.steps else 0.0,
-            "step_time_cv": StepTimes(self.slowest_rank, self.mean_rank).cv,
-            "step_time_imbalance": StepTimes(self.slowest_rank, self.mean_rank).imbalance,
-            "micro_batches_per_rank_mean": float(per_rank.mean()) if self.steps else 0.0,
-            "micro_batches_per_rank_min": int(per_rank.min()) if self.steps else 0,
-            "micro_batches_per_rank_max": int(per_rank.max()) if self.steps else 0,
-            "truncated_examples": int(self.truncated.sum()),
-            "plan_ms_median": float(np.median(self.plan_ms)) if self.steps else 0.0,
-            "plan_ms_p99": float(np.percentile(self.plan_ms, 99)) if self.steps else 0.0,
-            "hopeless_steps": self.hopeless_steps,
-            "seconds": self.seconds,
-        }
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "label": self.label,
-            "bin_capacity": self.bin_capacity,
-            "dp_size": self.dp_size,
-            "variation": self.variation,
-            "summary": self.summary(),
-            "per_step": {
-                "batch_size": self.batch_size.tolist(),
-                "tokens": self.tokens.tolist(),
-                "bins": self.bins.tolist(),
-                "padding_bins": self.padding_bins.tolist(),
-                "token_fill": [round(x, 6) for x in self.token_fill.tolist()],
-                "dp_imbalance": [round(x, 6) for x in self.dp_imbalance.tolist()],
-                "aligned": self.aligned.tolist(),
-            },
-        }
-
-
-def _cv(values: np.ndarray) -> float:
-    array = np.asarray(values, dtype=np.float64)
-    return float(array.std() / array.mean()) if array.size and array.mean() else 0.0
-
-
 def steps_for(lengths: np.ndarray, packing: PackingConfig, steps: int | None) -> int:
     """The given step count, or one epoch: ceil(N / B)."""
     return steps if steps is not None else max(1, math.ceil(len(lengths) / packing.global_batch_size))
@@ -248,46 +167,13 @@ def simulate_steps(lengths: np.ndarray, packing: PackingConfig, dp_size: int, st
     variation = packing.packing_batch_size_allowed_variation if variation is None else variation
     if align:
         check_batch_window(packing.global_batch_size, variation, dp_size)
-    label = label or ("aligned" if align else "fixed B")
-    started = time.perf_counter()
     try:
         sampler = make_sampler(lengths, packing, dp_size, steps, align=align,
                                bin_capacity=capacity, variation=variation)
     except ValueError as exc:  # e.g. oversize_policy: error with examples longer than C
         raise ConfigError(f"cannot plan with bin_capacity={capacity}: {exc}") from None
-    columns: dict[str, list[Any]] = {k: [] for k in (
-        "batch_size", "tokens", "bins", "padding_bins", "token_fill", "dp_imbalance", "aligned",
-        "truncated", "plan_ms", "slowest_rank", "mean_rank")}
-    hopeless = 0
-    with Progress(steps, f"simulating {label} (C={capacity}, variation={variation:g})",
-                  progress, unit="step") as bar, warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a hopeless window is counted below instead
-        while len(columns["bins"]) < steps:
-            before = len(columns["bins"])
-            for batch in sampler:
-                plan = batch.plan
-                columns["batch_size"].append(plan.num_examples)
-                columns["tokens"].append(plan.num_tokens)
-                columns["bins"].append(plan.num_bins)
-                columns["padding_bins"].append(plan.padding_bins)
-                columns["token_fill"].append(plan.token_fill)
-                columns["dp_imbalance"].append(plan.dp_imbalance)
-                columns["aligned"].append(plan.aligned)
-                columns["truncated"].append(len(plan.truncated))
-                columns["plan_ms"].append(plan.plan_ms)
-                times = rank_times([sampler.effective_lengths[list(b)].tolist() for b in plan.bins],
-                                   plan.rank_bins, sampler.attention_cost_constant)
-                columns["slowest_rank"].append(float(times.max()))
-                columns["mean_rank"].append(float(times.mean()))
-                hopeless += int(plan.hopeless)
-                bar.update()
-            if len(columns["bins"]) == before:
-                break
-    dtypes = {"token_fill": np.float64, "dp_imbalance": np.float64, "plan_ms": np.float64,
-              "aligned": bool, "slowest_rank": np.float64, "mean_rank": np.float64}
-    arrays = {k: np.asarray(v, dtype=dtypes.get(k, np.int64)) for k, v in columns.items()}
-    return StepSeries(label=label, bin_capacity=capacity, dp_size=dp_size, variation=variation,
-                      hopeless_steps=hopeless, seconds=time.perf_counter() - started, **arrays)
+    return run_steps(sampler, steps, label=label or ("aligned" if align else "fixed B"),
+                     progress=progress)
 
 
 @dataclass

@@ -4,72 +4,32 @@ Every run sees the same example stream. Fixed batches and the DP-aligned runs pl
 `DPAlignedPackingBatchSampler`, so the figures are what training would get: bins, token fill,
 batch-size range, per-step token variation, aligned steps, rank imbalance, planning time and
 packer runs. Beside them: the exhaustive reference planner (every size of every window packed)
-and the offline best contiguous path (`megatron_packing.packing.reference`). This is the
-``megatron-packing simulate`` command and the benchmarks' measured tables.
+and the offline best contiguous path (`megatron_packing.packing.reference`). The planner runs go
+through the shared step engine (`steps.run_steps`); the streams come from `pools`. This is the
+``megatron-packing simulate`` command's table (its body: `commands.simulate_pools`) and the
+benchmarks' measured tables.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 from torch.utils.data import SequentialSampler
 
-from megatron_packing.common.validation import allowed_batch_variation, require_int, require_number
-from megatron_packing.config.components import PACKING_ALGORITHMS, PlannerConfig
+from megatron_packing.common.plan_types import StepPlan
+from megatron_packing.common.validation import allowed_batch_variation
+from megatron_packing.config.components import PlannerConfig
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
-from megatron_packing.packing.algorithms import PackingAlgorithm
 from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, imbalance
 from megatron_packing.packing.planner.sizer import StepSizer
 from megatron_packing.packing.planner.tunables import PlannerTunables
 from megatron_packing.packing.reference import ReferenceRun, best_contiguous_path, plan_exhaustively
 from megatron_packing.packing.step_time import balanced_rank_bins, step_times
 
-DEFAULT_POOL_DIRS = ("benchmarks/data/lengths", "../shared/data/lengths")
-
-
-def find_pool_dir(explicit: str | None = None) -> Path:
-    """The folder of ``*.txt`` length pools: the given one, or the project's copy."""
-    candidates = [Path(explicit)] if explicit else [Path(p) for p in DEFAULT_POOL_DIRS]
-    package_root = Path(__file__).resolve().parent.parent
-    if not explicit:
-        candidates += [package_root / p for p in DEFAULT_POOL_DIRS]
-    for candidate in candidates:
-        if candidate.is_dir() and any(candidate.glob("*.txt")):
-            return candidate
-    tried = ", ".join(str(c) for c in candidates)
-    raise FileNotFoundError(f"no length pools (*.txt, one length per line) found in: {tried}")
-
-
-def load_pools(pool_dir: str | Path) -> dict[str, np.ndarray]:
-    """Every ``*.txt`` pool in a folder, by name (file stem)."""
-    pools = {}
-    for path in sorted(Path(pool_dir).glob("*.txt")):
-        values = np.loadtxt(path, dtype=np.int64, ndmin=1)
-        if values.size == 0 or values.min() <= 0:
-            raise ValueError(f"{path}: a pool needs positive integer lengths, one per line")
-        pools[path.stem] = values
-    if not pools:
-        raise FileNotFoundError(f"{pool_dir}: no *.txt length pools")
-    return pools
-
-
-def mixed_stream(pools: dict[str, np.ndarray], count: int, capacity: int, seed: int = 0) -> np.ndarray:
-    """Draw a source uniformly, then a length from it (with replacement); clip to the capacity."""
-    rng = np.random.default_rng(seed)
-    names = sorted(pools)
-    sources = rng.integers(0, len(names), size=count)
-    out = np.empty(count, dtype=np.int64)
-    for s, name in enumerate(names):
-        chosen = np.flatnonzero(sources == s)
-        out[chosen] = pools[name][rng.integers(0, len(pools[name]), size=chosen.size)]
-    return np.minimum(out, capacity)
+from .steps import StepSeries, cv, run_steps
 
 
 @dataclass
@@ -98,6 +58,23 @@ class SimulationResult:
     @property
     def aligned_fraction(self) -> float:
         return self.aligned_steps / self.steps if self.steps else 0.0
+
+    @classmethod
+    def from_series(cls, series: StepSeries, *, imbalance_round_robin: float | None = None,
+                    imbalance_balanced: float | None = None) -> SimulationResult:
+        """The totals of one engine run (`run_steps`) in this table's terms."""
+        s = series.summary()
+        return cls(
+            label=series.label, steps=s["steps"], examples=s["examples"], bins=s["bins"],
+            padding_bins=s["padding_bins"], aligned_steps=s["aligned_steps"],
+            token_fill=s["token_fill"], min_batch=s["batch_size_min"],
+            max_batch=s["batch_size_max"], token_cv=s["token_cv"],
+            imbalance_round_robin=imbalance_round_robin, imbalance_balanced=imbalance_balanced,
+            plan_ms_median=s["plan_ms_median"], plan_ms_p99=s["plan_ms_p99"],
+            packer_runs_mean=float(np.mean(series.packer_runs)) if series.steps else 0.0,
+            deferred_examples=int(series.deferred.sum()), step_time_cv=s["step_time_cv"],
+            step_time_imbalance=s["step_time_imbalance"],
+        )
 
 
 def simulate(
@@ -130,60 +107,21 @@ def simulate(
         sampler.sizer = StepSizer(sampler.packer, dp_size, max_deferred=sampler.max_deferred_examples,
                                   tunables=replace(tunables, max_packs=max_packs,
                                                    lookahead_steps=lookahead_steps))
-    sizes: list[int] = []
-    tokens: list[int] = []
-    plan_ms: list[float] = []
-    runs: list[int] = []
-    bins = padding = aligned = deferred = 0
     imbalance_rr: list[float] = []
     imbalance_kk: list[float] = []
-    timed: list[tuple[list[list[int]], tuple[tuple[int, ...], ...]]] = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        while len(sizes) < steps:
-            progressed = False
-            for batch in sampler:
-                plan = batch.plan
-                progressed = True
-                sizes.append(plan.num_examples)
-                tokens.append(plan.num_tokens)
-                plan_ms.append(plan.plan_ms)
-                runs.append(plan.packer_runs)
-                bins += plan.num_bins
-                padding += plan.padding_bins
-                aligned += int(plan.aligned)
-                deferred += len(plan.deferred)
-                positions = {index: p for p, index in enumerate(plan.example_indices)}
-                local_bins = [[positions[i] for i in b] for b in plan.bins]
-                step_lengths = sampler.effective_lengths[list(plan.example_indices)]
-                costs = bin_costs(local_bins, step_lengths)
-                for method, sink in (("round_robin", imbalance_rr), ("karmarkar_karp", imbalance_kk)):
-                    sink.append(imbalance(costs, assign_bins_to_ranks(costs, dp_size, method=method)))
-                timed.append(([[int(step_lengths[p]) for p in b] for b in local_bins], plan.rank_bins))
-            if not progressed:
-                break
-    default = "aligned" if align else "fixed B"
-    times = step_times(timed, sampler.attention_cost_constant)
-    return SimulationResult(
-        label=label or default,
-        steps=len(sizes),
-        examples=int(sum(sizes)),
-        bins=bins,
-        padding_bins=padding,
-        aligned_steps=aligned,
-        token_fill=float(np.sum(tokens) / (bins * capacity)),
-        min_batch=int(min(sizes)),
-        max_batch=int(max(sizes)),
-        token_cv=_cv(tokens),
-        imbalance_round_robin=float(np.mean(imbalance_rr)),
-        imbalance_balanced=float(np.mean(imbalance_kk)),
-        plan_ms_median=float(np.median(plan_ms)),
-        plan_ms_p99=float(np.percentile(plan_ms, 99)),
-        packer_runs_mean=float(np.mean(runs)),
-        deferred_examples=deferred,
-        step_time_cv=times.cv,
-        step_time_imbalance=times.imbalance,
-    )
+
+    def both_assignments(plan: StepPlan) -> None:
+        """Rank imbalance of round robin and of Karmarkar-Karp over the step's bins."""
+        positions = {index: p for p, index in enumerate(plan.example_indices)}
+        local_bins = [[positions[i] for i in b] for b in plan.bins]
+        costs = bin_costs(local_bins, sampler.effective_lengths[list(plan.example_indices)])
+        for method, sink in (("round_robin", imbalance_rr), ("karmarkar_karp", imbalance_kk)):
+            sink.append(imbalance(costs, assign_bins_to_ranks(costs, dp_size, method=method)))
+
+    series = run_steps(sampler, steps, label=label or ("aligned" if align else "fixed B"),
+                       observe=both_assignments)
+    return SimulationResult.from_series(series, imbalance_round_robin=float(np.mean(imbalance_rr)),
+                                        imbalance_balanced=float(np.mean(imbalance_kk)))
 
 
 def simulate_exhaustive(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int,
@@ -198,7 +136,7 @@ def simulate_exhaustive(lengths: np.ndarray, *, batch_size: int, capacity: int, 
         label="exhaustive", steps=run.steps, examples=int(sum(run.sizes)), bins=run.bins,
         padding_bins=run.padding_bins, aligned_steps=run.aligned_steps,
         token_fill=float(np.sum(run.step_tokens) / (run.bins * capacity)),
-        min_batch=min(run.sizes), max_batch=max(run.sizes), token_cv=_cv(run.step_tokens),
+        min_batch=min(run.sizes), max_batch=max(run.sizes), token_cv=cv(run.step_tokens),
         imbalance_round_robin=None, imbalance_balanced=None,
         plan_ms_median=float(np.median(run.plan_ms)),
         plan_ms_p99=float(np.percentile(run.plan_ms, 99)),
@@ -213,11 +151,6 @@ def ceiling_aligned_steps(lengths: np.ndarray, *, batch_size: int, capacity: int
     v = allowed_batch_variation(batch_size, variation)
     return best_contiguous_path(lengths, batch_size=batch_size, capacity=capacity, dp_size=dp_size,
                                 v=v, steps=steps, algorithm=algorithm)
-
-
-def _cv(values) -> float:
-    array = np.asarray(values, dtype=np.float64)
-    return float(array.std() / array.mean()) if array.size and array.mean() else 0.0
 
 
 def compare(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int, steps: int,
@@ -275,83 +208,3 @@ def format_comparison(runs: Sequence[SimulationResult], title: str,
             row.append(f"{ceiling / base.steps:.1%}" if name == "steps aligned to dp" else "")
         lines.append(f"| {name} | " + " | ".join(row) + " |")
     return "\n".join(lines)
-
-
-def _integer(name: str, minimum: int = 1) -> Callable[[str], int]:
-    """An argparse type: an integer of at least ``minimum``, the error naming the option."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        return require_int(name, value, minimum=minimum, error=argparse.ArgumentTypeError)
-    return parse
-
-
-def _variation(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--variation must be a number in (0, 1), got {text!r}") from None
-    return require_number("--variation", value, minimum=0, maximum=1, exclusive=True,
-                          error=argparse.ArgumentTypeError)
-
-
-MIN_CAPACITY = 16  # tokens per bin below which a simulation is not meaningful
-
-
-def run_simulation(argv: Sequence[str] | None = None) -> int:
-    """``megatron-packing simulate``: fixed B, the exhaustive reference and DP-aligned packing."""
-    parser = argparse.ArgumentParser(
-        prog="megatron-packing simulate", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="On your own data: megatron-packing simulate --config train.yaml [--dp-size N] "
-               "[--steps K] [--output-dir D] (see megatron-packing simulate --config X --help)")
-    parser.add_argument("--pool", default="mixed",
-                        help="pool name (file stem) or 'mixed' (sources drawn uniformly)")
-    parser.add_argument("--pool-dir", default=None, help="folder of *.txt length pools")
-    parser.add_argument("--batch-size", type=_integer("--batch-size"), default=128)
-    parser.add_argument("--capacity", type=_integer("--capacity", MIN_CAPACITY), default=4096,
-                        help=f"tokens per bin (>= {MIN_CAPACITY}); lengths are clipped to it")
-    parser.add_argument("--dp-size", type=_integer("--dp-size"), default=8)
-    parser.add_argument("--variation", type=_variation, default=0.05,
-                        help="batch-size window as a fraction of B, in (0, 1)")
-    parser.add_argument("--steps", type=_integer("--steps"), default=200)
-    parser.add_argument("--algorithm", default=PackingAlgorithm.MFFD.value, choices=PACKING_ALGORITHMS)
-    parser.add_argument("--max-deferred", type=_integer("--max-deferred", 0), default=0,
-                        help="also run with bounded deferral of up to this many examples per step")
-    parser.add_argument("--no-exhaustive", action="store_true",
-                        help="skip the exhaustive reference planner (it packs every size every step)")
-    parser.add_argument("--no-ceiling", action="store_true",
-                        help="skip the offline best contiguous path (about (2v+1)^2 packs per step)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    args = parser.parse_args(argv)
-    if allowed_batch_variation(args.batch_size, args.variation) < 1:
-        parser.error(f"--variation {args.variation} gives a window of floor({args.batch_size} x "
-                     f"{args.variation}) = 0 examples; use at least {1 / args.batch_size:.4g}")
-
-    pools = load_pools(find_pool_dir(args.pool_dir))
-    count = args.steps * args.batch_size
-    if args.pool == "mixed":
-        lengths = mixed_stream(pools, count, args.capacity, seed=args.seed)
-    elif args.pool in pools:
-        rng = np.random.default_rng(args.seed)
-        lengths = np.minimum(rng.choice(pools[args.pool], size=count), args.capacity)
-    else:
-        parser.error(f"unknown pool {args.pool!r}; choose 'mixed' or one of {', '.join(sorted(pools))}")
-    common = dict(batch_size=args.batch_size, capacity=args.capacity, dp_size=args.dp_size,
-                  steps=args.steps, variation=args.variation, algorithm=args.algorithm)
-    runs = compare(lengths, exhaustive=not args.no_exhaustive,
-                   max_deferred_examples=args.max_deferred, **common)
-    ceiling = None if args.no_ceiling else ceiling_aligned_steps(lengths, **common)
-    if args.json:
-        document = {r.label: asdict(r) for r in runs}
-        if ceiling is not None:
-            document["best_contiguous_path"] = {"aligned_steps": ceiling}
-        print(json.dumps(document, indent=2))
-    else:
-        title = (f"{args.pool} pool, B={args.batch_size}, capacity={args.capacity}, "
-                 f"dp={args.dp_size}, variation={args.variation}, {args.steps} steps")
-        print(format_comparison(runs, title, ceiling))
-    return 0

@@ -1,7 +1,8 @@
 """The capacity x variation grid of ``megatron-packing tune`` and the rule that picks a point.
 
 Pure functions over numbers: the grid (which points can run at all, and why the others cannot)
-and `recommend`. Running a point's simulation is `config_simulation.simulate_steps`.
+and `recommend`. Running a point's simulation is `config_simulation.simulate_steps` (the
+shared step engine, `steps.run_steps`).
 
 The rule, in order:
 
@@ -33,6 +34,7 @@ from megatron_packing.common.validation import allowed_batch_variation
 
 DEFAULT_CAPACITY_FACTORS = (0.5, 1.0, 2.0)
 DEFAULT_VARIATIONS = (0.02, 0.05, 0.1, 0.2)
+TUNE_MAX_STEPS = 200  # steps per grid point by default: a short simulation each
 FILL_TOLERANCE = 0.005
 MOST_TRUNCATED = 0.5
 """A point truncating more than this share of its simulated examples is never recommended."""

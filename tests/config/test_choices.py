@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from megatron_packing.cli import main
 from megatron_packing.config import ConfigError
 from megatron_packing.config.components import (
     BASE_ORDERS,
@@ -19,7 +20,6 @@ from megatron_packing.packing.algorithms import OversizePolicy, PackingAlgorithm
 from megatron_packing.packing.alignment import FP8_RECIPES, Fp8Recipe
 from megatron_packing.packing.balance import RankAssignment
 from megatron_packing.packing.microbatch import SPLIT_METHODS, SplitMethod
-from megatron_packing.reports.simulation import run_simulation
 
 
 @pytest.mark.parametrize("values, enum", [
@@ -49,6 +49,6 @@ def test_members_and_their_values_build_the_same_config():
 
 def test_the_simulate_command_offers_exactly_the_enums_algorithms(capsys):
     with pytest.raises(SystemExit):
-        run_simulation(["--algorithm", "nearest"])
+        main(["simulate", "--algorithm", "nearest"])
     message = capsys.readouterr().err
     assert "choose from " + ", ".join(repr(a.value) for a in PackingAlgorithm) in message

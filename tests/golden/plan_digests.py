@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import SequentialSampler
 
-from megatron_packing.reports.simulation import find_pool_dir, load_pools, mixed_stream
+from megatron_packing.reports.pools import find_pool_dir, load_pools, mixed_stream
 
 # (name, batch size, capacity, dp, steps, options)
 PACKED_GEOMETRIES: list[tuple[str, int, int, int, int, dict[str, Any]]] = [

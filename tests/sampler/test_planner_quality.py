@@ -31,7 +31,7 @@ from megatron_packing.packing.planner.sizer import StepSizer
 from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES
 from megatron_packing.packing.planner.window import StepContext
 from megatron_packing.packing.reference import plan_exhaustively
-from megatron_packing.reports.simulation import find_pool_dir, load_pools, mixed_stream
+from megatron_packing.reports.pools import find_pool_dir, load_pools, mixed_stream
 
 from .helpers import check_stream
 
