@@ -28,6 +28,26 @@ class TupleSequence(Sequence[Any]):
         return iter(getattr(self, self._items))
 
 
+@dataclass(frozen=True, slots=True)
+class RowLayout:
+    """Where one bin's sequences go in its THD row, decided once, by the planner.
+
+    Sequence ``i`` keeps ``real[i]`` tokens (after truncation) and occupies the next
+    ``segments[i]`` tokens of the row: its TP/CP-aligned length, and for the last sequence also
+    the row's padding up to ``length``. The collator writes tokens into these segments and
+    computes nothing. A placeholder row (a bin without examples) is one segment holding one pad
+    token.
+    """
+
+    real: tuple[int, ...]
+    segments: tuple[int, ...]
+
+    @property
+    def length(self) -> int:
+        """Tokens in the row: a multiple of the per-bin multiple (or the capacity, padded to it)."""
+        return sum(self.segments)
+
+
 @dataclass(frozen=True)
 class StepPlan:
     """Everything every rank needs to know about one step; identical on all ranks."""
@@ -39,6 +59,7 @@ class StepPlan:
     bin_capacity: int
     example_indices: tuple[int, ...]  # the global batch, in base order
     bins: tuple[tuple[int, ...], ...]  # dataset indices per bin; () is a placeholder row
+    layouts: tuple[RowLayout, ...]  # per bin, its row: segments and row length, final
     rank_bins: tuple[tuple[int, ...], ...]  # per rank, the ids of its bins
     truncated: dict[int, int]  # dataset index -> tokens kept (oversize policy "truncate")
     num_tokens: int  # real tokens in the global batch

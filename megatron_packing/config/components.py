@@ -3,9 +3,10 @@
 `PackingConfig` composes five of them, and every YAML key maps onto exactly one of their fields
 (`YAML_KEYS`):
 
-- `PackerConfig`: how examples fit into rows (capacity, algorithm, oversize policy, TP/CP/FP8);
+- `PackerConfig`: how examples fit into rows (capacity, algorithm, oversize policy, TP/CP/FP8,
+  rows padded to the capacity);
 - `PlannerConfig`: how steps are sized and bins go to ranks (B, the window, lookahead, deferral);
-- `CollatorConfig`: how rows are padded (the pad token both modes use; packed rows to capacity);
+- `CollatorConfig`: how rows are padded (the pad token both modes use);
 - `PaddedConfig`: padded mode's micro-batches (token budget or fixed size);
 - `LoaderConfig`: the mode, the base order and its seed.
 
@@ -109,6 +110,8 @@ class PackerConfig:
     cp_size: int = 1
     fp8_enabled: bool = False
     fp8_recipe: str | None = None
+    pad_bins_to_capacity: bool = False
+    """Plan every row exactly bin_capacity tokens long (static shapes, pipeline parallel)."""
 
     def __post_init__(self) -> None:
         _check(self, "bin_capacity", require_positive_int)
@@ -135,6 +138,14 @@ class PackerConfig:
                 f"{_key(self, 'bin_capacity')}={self.bin_capacity} is smaller than the per-bin "
                 f"alignment multiple {multiple} (tp={self.tp_size}, cp={self.cp_size}, "
                 f"fp8={self.fp8_enabled}, recipe={self.fp8_recipe}); use a multiple of {multiple}")
+        _check(self, "pad_bins_to_capacity", require_bool)
+        if self.pad_bins_to_capacity and self.bin_capacity % multiple:
+            why = f" ({self.alignment.reason})" if self.alignment.reason else ""
+            raise ConfigError(
+                f"{_key(self, 'pad_bins_to_capacity')}: true pads every row to "
+                f"bin_capacity={self.bin_capacity} tokens, which must divide by the per-bin "
+                f"multiple {multiple}{why}; use a multiple of {multiple}, e.g. "
+                f"{self.bin_capacity - self.bin_capacity % multiple}")
 
     @cached_property
     def alignment(self) -> Alignment:
@@ -193,26 +204,13 @@ class PlannerConfig:
 
 @dataclass(frozen=True)
 class CollatorConfig:
-    """How rows are padded: the pad token (both modes), and packed rows to the full capacity."""
+    """How rows are padded: the pad token (both modes). The packed rows' lengths are planned
+    (`PackerConfig.pad_bins_to_capacity`)."""
 
     pad_token_id: int = 0
-    pad_bins_to_capacity: bool = False
-    """Pad every packed row to exactly bin_capacity tokens (static shapes, pipeline parallel)."""
 
     def __post_init__(self) -> None:
         _check(self, "pad_token_id", require_int, minimum=0)
-        _check(self, "pad_bins_to_capacity", require_bool)
-
-    def check_rows(self, alignment: Alignment, bin_capacity: int) -> None:
-        """Rows padded to the capacity must still divide by the per-bin multiple (TP/CP/FP8)."""
-        multiple = alignment.bin_multiple
-        if self.pad_bins_to_capacity and bin_capacity % multiple:
-            why = f" ({alignment.reason})" if alignment.reason else ""
-            raise ConfigError(
-                f"{_key(self, 'pad_bins_to_capacity')}: true pads every row to "
-                f"bin_capacity={bin_capacity} tokens, which must divide by the per-bin multiple "
-                f"{multiple}{why}; use a multiple of {multiple}, e.g. "
-                f"{max(multiple, bin_capacity - bin_capacity % multiple)}")
 
 
 @dataclass(frozen=True)
@@ -373,7 +371,7 @@ YAML_KEYS: dict[str, tuple[str, str]] = {
     "seed": ("loader", "seed"),
     "rank_assignment": ("planner", "rank_assignment"),
     "attention_cost_constant": ("planner", "attention_cost_constant"),
-    "pad_bins_to_capacity": ("collator", "pad_bins_to_capacity"),
+    "pad_bins_to_capacity": ("packer", "pad_bins_to_capacity"),
     "lookahead_steps": ("planner", "lookahead_steps"),
     "max_deferred_examples": ("planner", "max_deferred_examples"),
     "pad_token_id": ("collator", "pad_token_id"),

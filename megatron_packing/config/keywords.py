@@ -22,6 +22,7 @@ class PackerKeywords(TypedDict, total=False):
     cp_size: int
     fp8_enabled: bool
     fp8_recipe: str | None
+    pad_bins_to_capacity: bool
 
 
 class PackedSamplerKeywords(PackerKeywords, total=False):
@@ -43,7 +44,6 @@ class CollatorKeywords(TypedDict, total=False):
     """`CollatorConfig`'s fields."""
 
     pad_token_id: int
-    pad_bins_to_capacity: bool
 
 
 class WorkerKeywords(TypedDict, total=False):

@@ -80,8 +80,6 @@ class PackingConfig(YamlKeyAttributes):
             raise ConfigError(
                 "align_packing_bins_to_dp: true needs use_sequence_packing: true "
                 "(bins only exist when examples are packed)")
-        if self.loader.use_sequence_packing:
-            self.collator.check_rows(self.packer.alignment, self.packer.bin_capacity)
 
     # ---------------------------------------------------------------- derived values
     @property

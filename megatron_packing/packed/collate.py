@@ -1,23 +1,24 @@
 """Plan + fetched examples -> a step of packed micro-batches (THD layout, torch tensors).
 
-The collator never packs: the sampler's plan already says which examples share a bin. One bin
-becomes one micro-batch. A rank whose share of the step holds fewer real bins than the step's
-micro-batch count receives placeholder rows: valid, minimal-length rows with zero loss.
+The collator never packs nor lays out: the sampler's plan already says which examples share a
+bin and where each goes in its row (`RowLayout`). One bin becomes one micro-batch. A rank whose
+share of the step holds fewer real bins than the step's micro-batch count receives placeholder
+rows: valid, minimal-length rows with zero loss.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Unpack
 
 import numpy as np
 import torch
 
-from megatron_packing.common.plan_types import StepMetadata
-from megatron_packing.common.validation import require_positive_int
+from megatron_packing.common.plan_types import RowLayout, StepMetadata
 from megatron_packing.config.components import CollatorConfig, config_or_keywords
 from megatron_packing.config.keywords import CollatorKeywords
-from megatron_packing.packing.alignment import Alignment
+from megatron_packing.stream.fetch import FetchedExampleError
 
 
 @dataclass
@@ -62,30 +63,21 @@ class PackedBatch:
 
 
 class PackedCollator:
-    """Turns a planned step's fetched examples into this rank's `PackedBatch`.
+    """Writes a planned step's fetched examples into this rank's `PackedBatch`.
 
     Examples are mappings with ``input_ids`` and, optionally, ``loss_mask`` (1 on tokens the
     model should learn to produce; absent means every token). The label at position t is the
-    next token of the same sequence, trained on when the mask marks that next token.
+    next token of the same sequence, trained on when the mask marks that next token. Where each
+    sequence goes is the plan's (`StepPlan.layouts`): the collator computes no lengths, and
+    refuses an example whose token count differs from the one planned.
     """
 
-    def __init__(
-        self,
-        alignment: Alignment,
-        bin_capacity: int,
-        *,
-        config: CollatorConfig | None = None,
-        **settings: Unpack[CollatorKeywords],
-    ) -> None:
-        """Rows follow ``alignment`` within ``bin_capacity`` tokens; ``config`` (or its fields as
-        keywords: ``pad_token_id``, ``pad_bins_to_capacity``) says how they are padded."""
+    def __init__(self, *, config: CollatorConfig | None = None,
+                 **settings: Unpack[CollatorKeywords]) -> None:
+        """``config`` (or its fields as keywords: ``pad_token_id``) says what padding holds."""
         config = config_or_keywords(CollatorConfig, config, settings, owner="PackedCollator")
         self.config = config
-        self.alignment = alignment
-        self.bin_capacity = require_positive_int("bin_capacity", bin_capacity)
         self.pad_token_id = config.pad_token_id
-        self.pad_bins_to_capacity = config.pad_bins_to_capacity
-        config.check_rows(alignment, self.bin_capacity)
 
     def __call__(self, fetched: Any) -> PackedBatch:
         plan = getattr(fetched, "plan", None)
@@ -94,91 +86,86 @@ class PackedCollator:
                 "PackedCollator needs examples fetched through PlannedDataset with a "
                 "DPAlignedPackingBatchSampler (the plan travels with the indices)"
             )
-        examples = fetched.by_index()
         rank = fetched.dp_rank
-        bins = plan.bins if rank is None else plan.bins_of_rank(rank)
-        rows = [self._layout(b, examples, plan.truncated) for b in bins]
-        return PackedBatch(micro_batches=self._fill(rows), meta=step_metadata(plan))
+        ids = range(plan.num_bins) if rank is None else plan.rank_bins[rank]
+        rows = [(plan.bins[b], plan.layouts[b]) for b in ids]
+        micro_batches = self._fill(rows, fetched.by_index(), plan.truncated)
+        return PackedBatch(micro_batches=micro_batches, meta=step_metadata(plan))
 
-    def _layout(self, indices: tuple[int, ...], examples: dict[int, Any],
-                truncated: dict[int, int]) -> _RowLayout:
-        """Where each sequence of a bin goes in its row (a placeholder row when it is empty)."""
-        align = self.alignment
-        if not indices:
-            length = -(-align.padded_length(1) // align.bin_multiple) * align.bin_multiple
-            if self.pad_bins_to_capacity:
-                length = max(length, self.bin_capacity)
-            return _RowLayout((), [], np.array([1]), np.array([length]))
-        sequences = []
-        for index in indices:
-            example = examples[index]
-            ids = np.asarray(example["input_ids"], dtype=np.int64)
-            mask = example.get("loss_mask") if isinstance(example, dict) else None
-            mask = np.ones(len(ids), dtype=np.float32) if mask is None else np.asarray(mask, dtype=np.float32)
-            keep = truncated.get(index, len(ids))
-            sequences.append((ids[:keep], mask[:keep]))
-        real = np.array([len(ids) for ids, _ in sequences], dtype=np.int64)
-        padded = np.array([align.padded_length(int(n)) for n in real], dtype=np.int64)
-        total = int(padded.sum())
-        row_length = -(-total // align.bin_multiple) * align.bin_multiple
-        if self.pad_bins_to_capacity:
-            row_length = max(row_length, self.bin_capacity)
-        padded[-1] += row_length - total  # the aggregate padding is paid once, by the last segment
-        return _RowLayout(tuple(int(i) for i in indices), sequences, real, padded)
-
-    def _fill(self, rows: list[_RowLayout]) -> list[PackedMicroBatch]:
+    def _fill(self, rows: list[tuple[tuple[int, ...], RowLayout]], examples: dict[int, Any],
+              truncated: dict[int, int]) -> list[PackedMicroBatch]:
         """Write every row into three step-wide buffers; each micro-batch is a view into them.
 
         Few storages per step keep the hand-off from loader workers cheap: tensors cross
-        processes one shared storage at a time, so per-row tensors would cost far more.
+        processes one storage at a time, so per-row tensors would cost far more.
         """
-        lengths = [int(row.padded.sum()) for row in rows]
-        offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
-        seq_counts = [len(row.padded) + 1 for row in rows]
-        seq_offsets = np.concatenate(([0], np.cumsum(seq_counts))).astype(np.int64)
-        total = int(offsets[-1])
+        if not rows:
+            return []
+        layouts = [layout for _, layout in rows]
+        counts = np.fromiter((len(layout.segments) for layout in layouts), np.int64, len(rows))
+        segments = np.fromiter(chain.from_iterable(layout.segments for layout in layouts),
+                               np.int64, int(counts.sum()))
+        real = np.fromiter(chain.from_iterable(layout.real for layout in layouts), np.int64,
+                           len(segments))
+        ends = np.cumsum(segments)  # rows lie end to end: segment ends over the whole step
+        starts = ends - segments
+        total = int(ends[-1])
         ints = np.empty((3, total), dtype=np.int64)  # tokens, labels, position ids
         ints[:2] = self.pad_token_id
+        ints[2] = np.arange(total) - np.repeat(starts, segments)  # restart in every segment
         loss = np.zeros(total, dtype=np.float32)
-        cu = np.empty((2, int(seq_offsets[-1])), dtype=np.int32)  # real and padded boundaries
-        for row, base, cu_base in zip(rows, offsets[:-1], seq_offsets[:-1], strict=True):
-            starts = base + np.concatenate(([0], np.cumsum(row.padded)[:-1]))
-            for start, seg in zip(starts, row.padded, strict=True):
-                ints[2, start:start + seg] = np.arange(seg)
-            for (ids, mask), start in zip(row.sequences, starts[: len(row.sequences)], strict=True):
-                n = len(ids)
-                ints[0, start:start + n] = ids
-                ints[1, start:start + n - 1] = ids[1:]
-                loss[start:start + n - 1] = mask[1:]
-            count = len(row.padded) + 1
-            cu[0, cu_base:cu_base + count] = np.concatenate(([0], np.cumsum(row.real)))
-            cu[1, cu_base:cu_base + count] = np.concatenate(([0], np.cumsum(row.padded)))
+        first = np.cumsum(counts) - counts  # each row's first segment
+        row_of = np.repeat(np.arange(len(rows)), counts)  # each segment's row
+        row_start, row_end = starts[first], ends[first + counts - 1]
+        # Row r's n + 1 boundaries take slots first[r] + r ...: a 0, then its cumulative lengths.
+        cu = np.zeros((2, len(segments) + len(rows)), dtype=np.int32)  # real and padded
+        at = np.arange(len(segments)) + row_of + 1
+        real_ends = np.cumsum(real)
+        cu[0, at] = real_ends - (real_ends - real)[first][row_of]
+        cu[1, at] = ends - row_start[row_of]
+        seg_starts = starts.tolist()
+        for (indices, layout), k in zip(rows, first.tolist(), strict=True):
+            for j, index in enumerate(indices):
+                self._write(examples[index], index, layout.real[j], index in truncated,
+                            seg_starts[k + j], ints, loss)
         ints_t, loss_t, cu_t = torch.from_numpy(ints), torch.from_numpy(loss), torch.from_numpy(cu)
         out = []
-        for row, a, b, c in zip(rows, offsets[:-1], offsets[1:], seq_offsets[:-1], strict=True):
-            d = c + len(row.padded) + 1
+        for (indices, layout), a, b, c, n in zip(rows, row_start.tolist(), row_end.tolist(),
+                                                 (first + np.arange(len(rows))).tolist(),
+                                                 counts.tolist(), strict=True):
             out.append(PackedMicroBatch(
                 tokens=ints_t[0, a:b].unsqueeze(0),
                 labels=ints_t[1, a:b].unsqueeze(0),
                 loss_mask=loss_t[a:b].unsqueeze(0),
                 position_ids=ints_t[2, a:b].unsqueeze(0),
-                cu_seqlens=cu_t[0, c:d],
-                cu_seqlens_padded=cu_t[1, c:d],
-                max_seqlen=int(row.padded.max()),
-                example_indices=row.indices,
-                is_placeholder=not row.indices,
+                cu_seqlens=cu_t[0, c:c + n + 1],
+                cu_seqlens_padded=cu_t[1, c:c + n + 1],
+                max_seqlen=max(layout.segments),
+                example_indices=indices,
+                is_placeholder=not indices,
             ))
         return out
 
-
-@dataclass
-class _RowLayout:
-    """One bin's sequences and their real and padded lengths (a placeholder has none)."""
-
-    indices: tuple[int, ...]
-    sequences: list[tuple[np.ndarray, np.ndarray]]
-    real: np.ndarray
-    padded: np.ndarray
+    @staticmethod
+    def _write(example: Any, index: int, keep: int, was_truncated: bool, start: int,
+               ints: np.ndarray, loss: np.ndarray) -> None:
+        """One sequence's tokens, next-token labels and loss mask, at its planned segment."""
+        ids = np.asarray(example["input_ids"])
+        fetched = len(ids)
+        # A truncated example may be any length from the kept one up; the rest must match.
+        if (fetched < keep) if was_truncated else (fetched != keep):
+            planned = (f"the first {keep} of its tokens (oversize_policy 'truncate')"
+                       if was_truncated else f"{keep} tokens, its length when planned")
+            raise FetchedExampleError(
+                f"dataset example {index}: the step's plan laid out {planned}, but {fetched} "
+                "tokens were fetched; the data changed after its lengths were read for planning: "
+                "restart so that the plans are made from the current data (rebuild its length "
+                "index, if it has one)")
+        end = start + keep
+        ints[0, start:end] = ids[:keep]
+        ints[1, start:end - 1] = ids[1:keep]
+        mask = example.get("loss_mask") if isinstance(example, dict) else None
+        loss[start:end - 1] = 1 if mask is None else np.asarray(mask)[1:keep]
 
 
 def step_metadata(plan: Any) -> StepMetadata:

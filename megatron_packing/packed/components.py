@@ -112,8 +112,7 @@ def build_packed_components(
     sampler = build_packing_sampler(dataset, config, dp_rank=dp_rank, dp_size=dp_size, seed=seed,
                                     total_steps=total_steps, eval_mode=eval_mode,
                                     base_sampler=base_sampler)
-    collator = PackedCollator(config.packer.alignment, config.packer.bin_capacity,
-                              config=config.collator)
+    collator = PackedCollator(config=config.collator)
     return sampler, PlannedDataset(dataset), collator
 
 

@@ -25,6 +25,7 @@ from megatron_packing.common.plan_types import StepPlan, TupleSequence
 from megatron_packing.common.validation import require_int, require_positive_int
 from megatron_packing.config.components import PackedSamplerConfig, config_or_keywords
 from megatron_packing.config.keywords import PackedSamplerKeywords
+from megatron_packing.packed.layout import RowPlanner
 from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, imbalance
 from megatron_packing.packing.factory import make_sft_sequence_packer
 from megatron_packing.packing.planner.feasibility import alignment_remedy
@@ -150,6 +151,8 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
         )
         self.effective_lengths = np.asarray(self.packer.effective_lengths(self.lengths), dtype=np.int64)
         self.padded_lengths = self.alignment.padded_lengths(self.effective_lengths)
+        self.row_planner = RowPlanner(self.alignment, self.bin_capacity,
+                                      pad_to_capacity=packer.pad_bins_to_capacity)
         if loss_token_counts is not None:
             counts = np.asarray(loss_token_counts, dtype=np.int64)
             if counts.shape != self.lengths.shape:
@@ -287,6 +290,8 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
         taken_list = taken.tolist()
         window_list = window.tolist()
         bins = tuple(tuple(window_list[p] for p in b) for b in decision.bins)
+        layouts = self.row_planner.rows(decision.bins, self.effective_lengths[window].tolist(),
+                                        self.padded_lengths[window].tolist())
         truncated = {
             int(i): int(self.effective_lengths[i])
             for i in taken[step_lengths < self.lengths[taken]]
@@ -305,6 +310,7 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
             bin_capacity=self.bin_capacity,
             example_indices=tuple(taken_list),
             bins=bins,
+            layouts=layouts,
             rank_bins=tuple(tuple(int(b) for b in rank) for rank in assignment),  # few: cheap
             truncated=truncated,
             num_tokens=num_tokens,

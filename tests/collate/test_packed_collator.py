@@ -16,6 +16,7 @@ from megatron_packing.common.plan_types import StepPlan
 from megatron_packing.config import PackingConfig
 from megatron_packing.packed.collate import PackedCollator
 from megatron_packing.packed.components import build_packing_sampler
+from megatron_packing.packed.layout import RowPlanner
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler, PlannedBatch
 from megatron_packing.packing.alignment import make_alignment
 from megatron_packing.stream.fetch import PlannedDataset
@@ -39,12 +40,16 @@ class ListSFT:
         return {"input_ids": ids, "loss_mask": mask}
 
 
-def hand_plan(bins, rank_bins, dp_size=1, truncated=None, num_loss_tokens=None):
-    """A `StepPlan` written out by hand."""
+def hand_plan(dataset, bins, rank_bins, alignment, capacity=4096, pad_to_capacity=False,
+              dp_size=1, truncated=None, num_loss_tokens=None):
+    """A `StepPlan` written out by hand; its rows laid out as the sampler lays them out."""
     indices = tuple(i for b in bins for i in b)
+    kept = [dict(truncated or {}).get(i, len(dataset[i]["input_ids"])) for i in range(len(dataset))]
+    rows = RowPlanner(alignment, capacity, pad_to_capacity=pad_to_capacity)
     return StepPlan(
-        step=0, epoch=0, step_in_epoch=0, dp_size=dp_size, bin_capacity=4096,
+        step=0, epoch=0, step_in_epoch=0, dp_size=dp_size, bin_capacity=capacity,
         example_indices=indices, bins=tuple(tuple(b) for b in bins),
+        layouts=rows.rows(bins, kept, alignment.padded_lengths(kept).tolist()),
         rank_bins=tuple(tuple(r) for r in rank_bins), truncated=dict(truncated or {}),
         num_tokens=0, num_loss_tokens=num_loss_tokens, packed_bins=len(bins), padding_bins=0,
         placeholder_bins=sum(1 for b in bins if not b), aligned=True, hopeless=False,
@@ -66,8 +71,8 @@ def row_lists(mb):
 # ---------------------------------------------------------------------------- worked by hand
 def test_two_sequences_without_alignment_worked_by_hand():
     ds = ListSFT([([11, 12, 13], [0, 1, 1]), ([21, 22], [1, 1])])
-    plan = hand_plan([(0, 1)], [(0,)])
-    batch = collate(ds, plan, 0, PackedCollator(make_alignment(), 4096))
+    plan = hand_plan(ds, [(0, 1)], [(0,)], make_alignment())
+    batch = collate(ds, plan, 0, PackedCollator())
     (mb,) = batch.micro_batches
     assert row_lists(mb) == {
         "tokens": [11, 12, 13, 21, 22],
@@ -86,7 +91,8 @@ def test_context_parallel_pads_every_sequence_to_2_tp_cp():
     alignment = make_alignment(tp_size=2, cp_size=2)
     assert (alignment.seq_multiple, alignment.bin_multiple) == (8, 8)
     ds = ListSFT([([5, 6, 7], [1, 1, 1]), (list(range(30, 40)), [0] * 5 + [1] * 5)])
-    (mb,) = collate(ds, hand_plan([(0, 1)], [(0,)]), 0, PackedCollator(alignment, 64)).micro_batches
+    (mb,) = collate(ds, hand_plan(ds, [(0, 1)], [(0,)], alignment, 64), 0,
+                    PackedCollator()).micro_batches
     assert mb.cu_seqlens.tolist() == [0, 3, 13]
     assert mb.cu_seqlens_padded.tolist() == [0, 8, 24]
     assert mb.tokens.shape == (1, 24) and mb.max_seqlen == 16
@@ -102,7 +108,8 @@ def test_fp8_bin_padding_is_paid_once_by_the_last_segment():
     alignment = make_alignment(tp_size=2, cp_size=1, fp8_enabled=True)
     assert (alignment.seq_multiple, alignment.bin_multiple) == (1, 32)  # lcm(tp, 16 x tp x cp)
     ds = ListSFT([([1] * 5, [1] * 5), ([2] * 7, [1] * 7), ([3] * 4, [1] * 4)])
-    (mb,) = collate(ds, hand_plan([(0, 1, 2)], [(0,)]), 0, PackedCollator(alignment, 64)).micro_batches
+    (mb,) = collate(ds, hand_plan(ds, [(0, 1, 2)], [(0,)], alignment, 64), 0,
+                    PackedCollator()).micro_batches
     assert mb.cu_seqlens.tolist() == [0, 5, 12, 16]
     assert mb.cu_seqlens_padded.tolist() == [0, 5, 12, 32]  # only the last segment grows
     assert mb.max_seqlen == 20
@@ -113,8 +120,8 @@ def test_fp8_bin_padding_is_paid_once_by_the_last_segment():
 def test_placeholder_row_is_a_valid_aligned_one_token_row_with_zero_loss():
     alignment = make_alignment(tp_size=2, cp_size=2, fp8_enabled=True)  # seq 8, bin lcm(8, 64)
     ds = ListSFT([([4, 5, 6], [1, 1, 1])])
-    plan = hand_plan([(0,), ()], [(0,), (1,)], dp_size=2)
-    batch = collate(ds, plan, 1, PackedCollator(alignment, 128))
+    plan = hand_plan(ds, [(0,), ()], [(0,), (1,)], alignment, 128, dp_size=2)
+    batch = collate(ds, plan, 1, PackedCollator())
     (mb,) = batch.micro_batches
     length = alignment.bin_multiple
     assert mb.is_placeholder and mb.example_indices == ()
@@ -129,8 +136,9 @@ def test_placeholder_row_is_a_valid_aligned_one_token_row_with_zero_loss():
 def test_pad_bins_to_capacity_gives_rows_of_exactly_the_capacity():
     alignment = make_alignment(tp_size=2, cp_size=2)
     ds = ListSFT([([1] * 9, [1] * 9), ([2] * 3, [1] * 3)])
-    plan = hand_plan([(0, 1), ()], [(0,), (1,)], dp_size=2)
-    collator = PackedCollator(alignment, 64, pad_bins_to_capacity=True)
+    plan = hand_plan(ds, [(0, 1), ()], [(0,), (1,)], alignment, 64, pad_to_capacity=True,
+                     dp_size=2)
+    collator = PackedCollator()
     (real,) = collate(ds, plan, 0, collator).micro_batches
     (placeholder,) = collate(ds, plan, 1, collator).micro_batches
     assert real.tokens.shape == placeholder.tokens.shape == (1, 64)
@@ -141,7 +149,8 @@ def test_pad_bins_to_capacity_gives_rows_of_exactly_the_capacity():
 def test_pad_bins_to_capacity_needs_a_capacity_on_the_bin_multiple():
     """A row of C tokens must still divide by the per-bin multiple (tp=2 here)."""
     with pytest.raises(ValueError, match="bin_capacity=1023.*per-bin multiple 2"):
-        PackedCollator(make_alignment(tp_size=2), 1023, pad_bins_to_capacity=True)
+        DPAlignedPackingBatchSampler(range(4), [5] * 4, 2, 1, bin_capacity=1023, tp_size=2,
+                                     pad_bins_to_capacity=True)
     with pytest.raises(ValueError, match="bin_capacity=1023.*use a multiple of 2, e.g. 1022"):
         PackingConfig(bin_capacity=1023, tp_size=2, pad_bins_to_capacity=True).validate()
     PackingConfig(bin_capacity=1023, tp_size=2).validate()  # unpadded rows use 1022 tokens
@@ -149,7 +158,7 @@ def test_pad_bins_to_capacity_needs_a_capacity_on_the_bin_multiple():
 
 def test_collator_without_a_plan_is_rejected():
     with pytest.raises(TypeError, match="PlannedDataset"):
-        PackedCollator(make_alignment(), 64)([{"input_ids": [1, 2]}])
+        PackedCollator()([{"input_ids": [1, 2]}])
 
 
 # ---------------------------------------------------------------------------- properties
@@ -199,7 +208,7 @@ def check_row(mb, dataset, alignment, truncated, capacity, pad_to_capacity):
 
 def check_step(dataset, plans_by_rank, alignment, capacity, pad_to_capacity):
     """Collate every rank's share; rows are valid and add up to the step's metadata."""
-    collator = PackedCollator(alignment, capacity, pad_bins_to_capacity=pad_to_capacity)
+    collator = PackedCollator()
     metas, tokens, loss_tokens, examples, counts = [], 0, 0, [], set()
     for rank, plan in enumerate(plans_by_rank):
         batch = collate(dataset, plan, rank, collator)
@@ -324,7 +333,7 @@ def test_a_step_shares_three_storages_so_worker_hand_off_stays_cheap():
     sampler = DPAlignedPackingBatchSampler(SequentialSampler(range(120)), dataset.lengths, 60, 2,
                                            bin_capacity=512, allowed_variation=0.1)
     plan = next(iter(sampler)).plan
-    batch = PackedCollator(sampler.alignment, 512)(
+    batch = PackedCollator()(
         PlannedDataset(dataset).__getitems__(PlannedBatch(plan.examples_of_rank(0), plan, 0)))
     assert len(batch.micro_batches) >= 3
     storages = {

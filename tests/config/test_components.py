@@ -133,7 +133,7 @@ def _first_step(sampler: Any) -> list[int]:
 # one entry per object the key must reach.
 OBSERVED = {
     "global_batch_size": lambda b: (b["sampler"].batch_size, b["padded"].global_batch_size),
-    "bin_capacity": lambda b: (b["sampler"].packer.bin_capacity, b["collator"].bin_capacity),
+    "bin_capacity": lambda b: (b["sampler"].packer.bin_capacity,),
     "use_sequence_packing": lambda b: (type(b["loader"].batch_sampler).__name__,),
     "align_packing_bins_to_dp": lambda b: (b["sampler"].align_to_dp, b["sampler"].v),
     "packing_batch_size_allowed_variation": lambda b: (b["sampler"].v,),
@@ -141,15 +141,15 @@ OBSERVED = {
     "oversize_policy": lambda b: (str(b["sampler"].packer.oversize_policy.value),),
     "max_tokens_per_microbatch": lambda b: (b["padded"].max_tokens,),
     "micro_batch_size": lambda b: (b["padded"].micro_batch_size,),
-    "tp_size": lambda b: (b["sampler"].alignment.bin_multiple, b["collator"].alignment.bin_multiple),
-    "cp_size": lambda b: (b["sampler"].alignment.seq_multiple, b["collator"].alignment.seq_multiple),
-    "fp8_enabled": lambda b: (b["sampler"].alignment.bin_multiple, b["collator"].alignment.bin_multiple),
-    "fp8_recipe": lambda b: (b["sampler"].alignment.bin_multiple, b["collator"].alignment.bin_multiple),
+    "tp_size": lambda b: (b["sampler"].alignment.bin_multiple, b["sampler"].row_planner.bin_multiple),
+    "cp_size": lambda b: (b["sampler"].alignment.seq_multiple, b["sampler"].padded_lengths.tolist()),
+    "fp8_enabled": lambda b: (b["sampler"].alignment.bin_multiple, b["sampler"].row_planner.bin_multiple),
+    "fp8_recipe": lambda b: (b["sampler"].alignment.bin_multiple, b["sampler"].row_planner.bin_multiple),
     "base_order": lambda b: (_first_step(b["sampler"]), list(next(iter(b["padded"])))),
     "seed": lambda b: (_first_step(b["sampler"]), list(next(iter(b["padded"])))),
     "rank_assignment": lambda b: (b["sampler"].rank_assignment,),
     "attention_cost_constant": lambda b: (b["sampler"].attention_cost_constant,),
-    "pad_bins_to_capacity": lambda b: (b["collator"].pad_bins_to_capacity,),
+    "pad_bins_to_capacity": lambda b: ([r.length for r in next(iter(b["sampler"])).plan.layouts],),
     "lookahead_steps": lambda b: (b["sampler"].sizer.horizon,),
     "max_deferred_examples": lambda b: (b["sampler"].sizer.max_deferred,),
     "pad_token_id": lambda b: (b["collator"].pad_token_id, b["padded_collator"].pad_token_id),
@@ -264,7 +264,7 @@ def test_the_sampler_keyword_form_builds_the_same_config():
     lambda: DPAlignedPackingBatchSampler(SequentialSampler(range(60)), LENGTHS, 8, 2,
                                          bin_capacity=512, allowed_variation=0.25, bin_capcity=1),
     lambda: TokenBudgetBatchSampler(SequentialSampler(range(60)), LENGTHS, 8, 2, bin_capcity=1),
-    lambda: PackedCollator(PackerConfig(bin_capacity=64).alignment, 64, bin_capcity=1),
+    lambda: PackedCollator(bin_capcity=1),
     lambda: build_sft_dataloader(DATASET, PackingConfig(), dp_rank=0, dp_size=2, bin_capcity=1),
 ])
 def test_a_keyword_form_refuses_an_unknown_keyword_naming_the_valid_ones(make):
@@ -286,7 +286,7 @@ def test_the_keyword_form_names_the_valid_keywords_and_what_is_missing():
     with pytest.raises(TypeError, match="config must be a PaddedSamplerConfig"):
         TokenBudgetBatchSampler(SequentialSampler(range(60)), LENGTHS, config=config)
     with pytest.raises(TypeError, match="config= or the keyword form, not both"):
-        PackedCollator(config.packer.alignment, 512, config=CollatorConfig(), pad_token_id=3)
+        PackedCollator(config=CollatorConfig(), pad_token_id=3)
 
 
 def test_the_readmes_key_table_is_generated_from_the_config():

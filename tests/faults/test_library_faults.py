@@ -304,7 +304,7 @@ def test_several_resumes_alternating_worker_counts():
 def test_a_lagging_worker_snapshot_is_replayed_when_moving_to_no_workers():
     """With snapshot_every_n_steps > 1 the saved snapshot trails the yielded steps."""
     sampler = build_packing_sampler(DATASET, config(), dp_rank=1, dp_size=2, seed=SEED)
-    collate = PackedCollator(sampler.alignment, 1024)
+    collate = PackedCollator()
     source = PackingDataLoader(PlannedDataset(DATASET), batch_sampler=sampler, collate_fn=collate,
                                num_workers=2, snapshot_every_n_steps=4)
     batches = iter(source)

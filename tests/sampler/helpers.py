@@ -46,6 +46,23 @@ def check_plan_shape(plan: StepPlan, sampler: DPAlignedPackingBatchSampler) -> N
     assert plan.num_tokens == int(np.sum(sampler.effective_lengths[list(plan.example_indices)]))
     if plan.aligned:
         assert plan.padding_bins == 0
+    check_layouts(plan, sampler)
+
+
+def check_layouts(plan: StepPlan, sampler: DPAlignedPackingBatchSampler) -> None:
+    """Each bin's planned row, recomputed from the lengths: kept lengths, TP/CP-aligned
+    segments (the last also takes the row's padding), a row on the per-bin multiple."""
+    alignment, capacity = sampler.alignment, sampler.bin_capacity
+    to_capacity = sampler.config.packer.pad_bins_to_capacity
+    assert len(plan.layouts) == plan.num_bins
+    for b, layout in zip(plan.bins, plan.layouts, strict=True):
+        kept = [int(sampler.effective_lengths[i]) for i in b] or [1]  # a placeholder: 1 pad
+        assert layout.real == tuple(kept)
+        aligned = [alignment.padded_length(n) for n in kept]
+        assert list(layout.segments[:-1]) == aligned[:-1]
+        footprint = alignment.footprint(kept)
+        assert layout.length == (max(footprint, capacity) if to_capacity else footprint)
+        assert layout.segments[-1] == aligned[-1] + layout.length - sum(aligned)
 
 
 def check_stream(sampler: DPAlignedPackingBatchSampler, epochs: list[list[StepPlan]],

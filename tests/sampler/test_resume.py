@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import warnings
 
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 from torch.utils.data import RandomSampler, SequentialSampler
 from torchdata.stateful_dataloader.sampler import RandomSampler as StatefulRandomSampler
 
-from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
+from megatron_packing.packed.sampler import STATE_KEYS, DPAlignedPackingBatchSampler
 from megatron_packing.stream.base_order import SeededRandomOrder
 
 from .synthetic import mixed_lengths
@@ -165,3 +166,22 @@ def test_resume_from_any_step_property(stop_after, dp, random_order):
         got += _steps(resumed)
     assert len(reference) == 19
     assert got == reference
+
+
+@pytest.mark.parametrize("pad_bins_to_capacity", [False, True])
+def test_row_layouts_are_rebuilt_on_resume_not_saved(pad_bins_to_capacity):
+    """The plan's row layouts derive from the lengths: the state does not grow with them, and a
+    resumed sampler plans the same rows."""
+    reference = make(SequentialSampler(range(len(LENGTHS))), tp_size=2, cp_size=2,
+                     pad_bins_to_capacity=pad_bins_to_capacity)
+    batches = iter(reference)
+    next(batches)
+    state = reference.state_dict()
+    assert set(state) == set(STATE_KEYS)
+    assert b"RowLayout" not in pickle.dumps(state)
+    rest = [b.plan.layouts for b in batches]
+    resumed = make(SequentialSampler(range(len(LENGTHS))), tp_size=2, cp_size=2,
+                   pad_bins_to_capacity=pad_bins_to_capacity)
+    resumed.load_state_dict(state)
+    assert [b.plan.layouts for b in resumed] == rest
+    assert all(layout.length == 1024 for step in rest for layout in step) == pad_bins_to_capacity

@@ -43,7 +43,7 @@ def test_tail_shorter_than_dp_gets_placeholder_rows():
     assert [p.placeholder_bins for p in plans] == [0, 3]
     assert plans[0].hopeless
 
-    collate = PackedCollator(sampler.alignment, 16)
+    collate = PackedCollator()
     tail = plans[1]
     rows_per_rank = []
     for rank in range(4):
