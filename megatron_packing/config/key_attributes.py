@@ -113,8 +113,8 @@ class YamlKeyAttributes:
 
     @property
     def pad_bins_to_capacity(self) -> bool:
-        """YAML key, read from ``collator.pad_bins_to_capacity``."""
-        return self.collator.pad_bins_to_capacity
+        """YAML key, read from ``packer.pad_bins_to_capacity``."""
+        return self.packer.pad_bins_to_capacity
 
     @property
     def lookahead_steps(self) -> int:
