@@ -24,7 +24,6 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +60,7 @@ from megatron_packing.loader.metrics import (
     truncate_jsonl,
     wandb_run_id,
 )
+from megatron_packing.megatron.fsdp2 import full_state, load_full_state, wrap_in_fsdp2
 from megatron_packing.megatron.step_loop import LoopEnd, StepDone, StepHost, StepRecord, run_steps
 from megatron_packing.megatron.train_stream import EmptyEpoch, TrainStream
 
@@ -289,29 +289,90 @@ def _worker(rank: int, world: int, cfg: TrainingConfig, specs: list[RunSpec]) ->
     return 0
 
 
-def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
+@dataclass
+class DemoParts:
+    """What one rank of the demo trains with, built once per run by `build_parts`."""
+
+    cfg: TrainingConfig
+    rank: int
+    group: Any
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    stream: TrainStream
+    setup: dict[str, Any]  # what a checkpoint records and a resume must find unchanged
+    sharded: bool  # torch FSDP2 (the model's parameters are shards)
+    valid_loader: Any = None  # data.valid_paths, one eval_mode pass per validation
+    model_calls: list[int] = dataclasses.field(default_factory=lambda: [0])
+    agree_counts: bool = True  # False only under NO_COUNT_AGREEMENT_ENV (tests)
+    num_examples: int = 0  # in the training data
+
+    @property
+    def loss_from_logits(self) -> bool:
+        """float64 runs compute the cross-entropy in float64 too (megatron's is float32)."""
+        return self.cfg.model.dtype == "float64"
+
+    def state(self) -> dict[str, Any]:
+        """This rank's checkpoint: weights, optimizer, LR schedule and the stream's state."""
+        weights = (full_state(self.model, self.optimizer) if self.sharded else
+                   {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()})
+        return {**weights, "scheduler": self.scheduler.state_dict(),
+                "dataloader": self.stream.state_dict()}
+
+    def restore(self, checkpoint: Path) -> int:
+        """Load this rank's part of ``checkpoint``; returns the steps it had done."""
+        state = load_checkpoint(checkpoint, self.rank)
+        try:
+            if self.sharded:
+                load_full_state(self.model, self.optimizer, state)
+            else:
+                self.model.load_state_dict(state["model"])
+                self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+        except (KeyError, RuntimeError, ValueError) as exc:
+            raise TrainingError(f"checkpoint {checkpoint} does not fit this run's model or "
+                                f"optimizer ({str(exc).splitlines()[0][:300]}); resume with the "
+                                "model settings it was saved with, or start a new run") from None
+        try:
+            self.stream.load_state_dict(state["dataloader"])
+        except ValueError as exc:
+            raise TrainingError(f"checkpoint {checkpoint}: {exc}") from None
+        return int(state["step"])
+
+    def step(self, batch: Any) -> StepDone:
+        """One optimizer step over this rank's micro-batches (`train_step`)."""
+        from megatron_packing.demo.train_step import train_step
+
+        if not self.agree_counts:
+            batch = _own_count_only(batch)
+        began = time.perf_counter()
+        result = train_step(self.model, self.optimizer, batch, scheduler=self.scheduler,
+                            dp_group=self.group, clip_grad=self.cfg.train.clip_grad,
+                            loss_from_logits=self.loss_from_logits)
+        return StepDone(result.loss, result.lr, result.grad_norm,
+                        compute_ms=(time.perf_counter() - began) * 1000)
+
+    def validate(self, step: int) -> float:
+        """The validation set's token-mean loss (`evaluate`)."""
+        from megatron_packing.demo.train_step import evaluate
+
+        return evaluate(self.model, self.valid_loader, dp_group=self.group,
+                        loss_from_logits=self.loss_from_logits)
+
+
+def build_parts(rank: int, world: int, cfg: TrainingConfig, num_workers: int) -> DemoParts:
+    """The rank's loader stream, tiny GPT (replicated or FSDP2-sharded), AdamW and
+    megatron-core's LR schedule in examples, and the validation loader."""
     from megatron_packing.demo.model import build_tiny_gpt
-    from megatron_packing.demo.train_step import (
-        broadcast_parameters,
-        evaluate,
-        example_schedule,
-        train_step,
-    )
+    from megatron_packing.demo.train_step import broadcast_parameters, example_schedule
     from megatron_packing.loader.dataloader import build_sft_dataloader
-    from megatron_packing.megatron.fsdp2 import full_state, load_full_state, wrap_in_fsdp2
     from megatron_packing.megatron.step_accounting import examples_the_run_trains
 
-    started = time.perf_counter()
-    tc = cfg.train
-    out = Path(spec.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    group = dp_group()
+    tc, group = cfg.train, dp_group()
     dataset = _load_dataset(cfg)
-    workers = tc.num_workers if spec.num_workers is None else spec.num_workers
     # The example order's one seed is packing.seed (the loader's default).
     loader = build_sft_dataloader(dataset, cfg.packing, dp_rank=rank, dp_size=world,
-                                  total_steps=tc.steps, num_workers=workers)
-    stream = TrainStream(loader)
+                                  total_steps=tc.steps, num_workers=num_workers)
     model = build_tiny_gpt(cfg.model, vocab_size=_vocab_size(cfg),
                            max_seq_len=model_positions(cfg, dataset))
     broadcast_parameters(model, group=group)
@@ -319,9 +380,6 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
     if sharded:
         model = wrap_in_fsdp2(model, group)
     model_calls = _count_calls(model)
-    agree_counts = os.environ.get(NO_COUNT_AGREEMENT_ENV, "") != "1"
-    # float64 runs compute the cross-entropy in float64 too (megatron's works in float32).
-    loss_from_logits = cfg.model.dtype == "float64"
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay,
                                   betas=(0.9, 0.95))
     batch_size = cfg.packing.global_batch_size
@@ -329,28 +387,29 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
         optimizer, lr=tc.lr, min_lr=tc.min_lr, weight_decay=tc.weight_decay,
         warmup_examples=tc.warmup_steps * batch_size,
         total_examples=examples_the_run_trains(tc.steps, len(loader), len(dataset), batch_size))
+    valid_loader = None
+    if cfg.data.valid_paths:
+        valid_loader = build_sft_dataloader(_load_dataset(cfg, cfg.data.valid_paths),
+                                            cfg.packing, dp_rank=rank, dp_size=world,
+                                            eval_mode=True)
+    return DemoParts(cfg, rank, group, model, optimizer, scheduler, TrainStream(loader),
+                     resume_setup(cfg, dataset), sharded, valid_loader, model_calls,
+                     agree_counts=os.environ.get(NO_COUNT_AGREEMENT_ENV, "") != "1",
+                     num_examples=len(dataset))
 
+
+def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
+    """One run on this rank: build, restore, the shared step loop, the summary."""
+    started = time.perf_counter()
+    tc = cfg.train
+    out = Path(spec.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    workers = tc.num_workers if spec.num_workers is None else spec.num_workers
+    parts = build_parts(rank, world, cfg, workers)
     start_step = 0
-    setup = resume_setup(cfg, dataset)
     latest = resume_checkpoint(out)[0] if spec.resume else None
     if latest is not None:
-        state = load_checkpoint(latest, rank)
-        try:
-            if sharded:
-                load_full_state(model, optimizer, state)
-            else:
-                model.load_state_dict(state["model"])
-                optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
-        except (KeyError, RuntimeError, ValueError) as exc:
-            raise TrainingError(f"checkpoint {latest} does not fit this run's model or "
-                                f"optimizer ({str(exc).splitlines()[0][:300]}); resume with the "
-                                "model settings it was saved with, or start a new run") from None
-        try:
-            stream.load_state_dict(state["dataloader"])
-        except ValueError as exc:
-            raise TrainingError(f"checkpoint {latest}: {exc}") from None
-        start_step = int(state["step"])
+        start_step = parts.restore(latest)
     elif spec.resume and rank == 0:
         print(f"[train] no checkpoint under {out}; starting from step 0", flush=True)
 
@@ -360,52 +419,22 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
         print(f"[train] dp={world} steps {start_step}->{stop} of {tc.steps}, "
               f"B={cfg.packing.global_batch_size} v={cfg.packing.v} "
               f"{_mode_text(cfg)} backend={tc.backend} workers={workers}", flush=True)
-
-    def checkpoint(at: int) -> None:
-        weights = (full_state(model, optimizer) if sharded else
-                   {"model": model.state_dict(), "optimizer": optimizer.state_dict()})
-        save_checkpoint(out, at, rank, {
-            **weights,
-            "scheduler": scheduler.state_dict(), "dataloader": stream.state_dict(),
-        }, keep=tc.checkpoint_keep, setup=setup)
-
-    def step_once(batch: Any) -> StepDone:
-        if not agree_counts:
-            batch = _own_count_only(batch)
-        began = time.perf_counter()
-        result = train_step(model, optimizer, batch, scheduler=scheduler, dp_group=group,
-                            clip_grad=tc.clip_grad, loss_from_logits=loss_from_logits)
-        return StepDone(result.loss, result.lr, result.grad_norm,
-                        compute_ms=(time.perf_counter() - began) * 1000)
-
-    validate = None
-    if cfg.data.valid_paths:
-        valid_loader = build_sft_dataloader(_load_dataset(cfg, cfg.data.valid_paths), cfg.packing,
-                                            dp_rank=rank, dp_size=world, eval_mode=True)
-
-        def validate(at: int) -> float:
-            return evaluate(model, valid_loader, dp_group=group,
-                            loss_from_logits=loss_from_logits)
-
-    host = DemoHost(rank=rank, group=group, step_once=step_once, checkpoint=checkpoint,
-                    logger=logger, checkpoint_every=tc.checkpoint_every,
-                    log_every=tc.log_every if not spec.quiet else 0, total_steps=tc.steps,
-                    last_saved=start_step, out=out, validate=validate,
-                    eval_every=tc.eval_every)
+    host = DemoHost(parts, out=out, logger=logger, log_every=0 if spec.quiet else tc.log_every,
+                    last_saved=start_step)
     try:
-        result = run_steps(host, stream, start=start_step, stop=stop)
+        result = run_steps(host, parts.stream, start=start_step, stop=stop)
     except EmptyEpoch:
-        raise TrainingError(f"the dataloader yields no step from {len(dataset)} "
+        raise TrainingError(f"the dataloader yields no step from {parts.num_examples} "
                             "examples") from None
     stopped_by = host.stopped_by if result.end is LoopEnd.STOPPED else 0
     if result.end is LoopEnd.COMPLETED and result.step == tc.steps and \
-            host.validation_ready and host.last_validated != result.step:
+            host.validation_due(result.step, final=True):
         host.validate(result.step)  # as Megatron-LM's pretrain(): a validation after training
-    stream.close()
+    parts.stream.close()
     if logger is not None:
         logger.finish()
     calls: list[int] = [0] * world
-    dist.all_gather_object(calls, model_calls[0], group=group)
+    dist.all_gather_object(calls, parts.model_calls[0], group=parts.group)
     if rank == 0:
         summary = summarize(out, total_steps=tc.steps, seconds=time.perf_counter() - started)
         summary["model_calls_per_rank"] = calls  # this launch's forward calls, rank by rank
@@ -417,46 +446,25 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
 
 
 class DemoHost(StepHost):
-    """The CPU demo's side of `run_steps`: its own step, metrics, checkpoints and stop signal."""
+    """The CPU demo's side of `run_steps`: its step, metrics, checkpoints and stop signal."""
 
-    def __init__(self, *, rank: int, group: Any, step_once: Callable[[Any], StepDone],
-                 checkpoint: Callable[[int], None], logger: MetricsLogger | None,
-                 checkpoint_every: int, log_every: int, total_steps: int, last_saved: int,
-                 out: Path, validate: Callable[[int], float] | None = None,
-                 eval_every: int = 0) -> None:
-        self.rank, self.group, self.out = rank, group, out
-        self._step_once, self._checkpoint, self.logger = step_once, checkpoint, logger
-        self.checkpoint_every, self.log_every = checkpoint_every, log_every
-        self.total_steps, self.last_saved = total_steps, last_saved
-        self._validate, self.eval_every = validate, eval_every
+    def __init__(self, parts: DemoParts, *, out: Path, logger: MetricsLogger | None,
+                 log_every: int, last_saved: int) -> None:
+        self.parts, self.out, self.logger, self.log_every = parts, out, logger, log_every
+        self.rank, self.train = parts.rank, parts.cfg.train
+        self.last_saved = last_saved
         self.last_validated = -1
         self.stopped_by = 0  # the signal that stopped the run (0: none)
-        if rank == 0 and validate is not None:  # validations redone after a resume are rewritten
+        if self.rank == 0 and parts.valid_loader is not None:
+            # validations redone after a resume are written again
             truncate_jsonl(out / VALID_FILE, keep_steps_below=last_saved + 1)
 
-    @property
-    def validation_ready(self) -> bool:
-        return self._validate is not None
-
-    def validation_due(self, step: int) -> bool:
-        return self._validate is not None and self.eval_every > 0 and step % self.eval_every == 0
-
-    def validate(self, step: int) -> None:
-        """The validation set's token-mean loss after ``step`` steps, in valid.jsonl (rank 0)."""
-        assert self._validate is not None  # validation_due says so
-        loss = self._validate(step)
-        self.last_validated = step
-        if self.rank == 0:
-            with open(self.out / VALID_FILE, "a") as f:
-                f.write(json.dumps({"step": step, "valid/loss": loss}) + "\n")
-            if self.log_every:
-                print(f"[train] validation after step {step}: loss {loss:.4f}", flush=True)
-
     def run_step(self, step: int, batch: Any) -> StepDone:
-        return self._step_once(batch)
+        return self.parts.step(batch)
 
     def save(self, step: int) -> None:
-        self._checkpoint(step)
+        save_checkpoint(self.out, step, self.rank, self.parts.state(),
+                        keep=self.train.checkpoint_keep, setup=self.parts.setup)
         self.last_saved = step
 
     def report(self, record: StepRecord) -> None:
@@ -469,18 +477,35 @@ class DemoHost(StepHost):
                   f"examples {meta.num_examples:3d}  bins {meta.num_bins:3d}  "
                   f"fill {meta.token_fill:.3f}  lr {done.lr:.2e}", flush=True)
 
+    def validation_due(self, step: int, *, final: bool = False) -> bool:
+        """Every ``train.eval_every`` steps, and (``final``) after training unless just done."""
+        if self.parts.valid_loader is None or self.last_validated == step:
+            return False
+        every = self.train.eval_every
+        return final or (every > 0 and step % every == 0)
+
+    def validate(self, step: int) -> None:
+        """The validation loss after ``step`` steps, in valid.jsonl (rank 0)."""
+        loss = self.parts.validate(step)
+        self.last_validated = step
+        if self.rank == 0:
+            with open(self.out / VALID_FILE, "a") as f:
+                f.write(json.dumps({"step": step, "valid/loss": loss}) + "\n")
+            if self.log_every:
+                print(f"[train] validation after step {step}: loss {loss:.4f}", flush=True)
+
     def end_of_step(self, step: int, *, last: bool) -> bool:
         """Save every ``checkpoint_every`` steps and at the last; stop, with a checkpoint, when
         any rank received SIGINT / SIGTERM (the ranks agree, so all stop at this step)."""
-        if step % self.checkpoint_every == 0 or last:
+        if step % self.train.checkpoint_every == 0 or last:
             self.save(step)
-        self.stopped_by = agreed_stop_signal(self.group)
+        self.stopped_by = agreed_stop_signal(self.parts.group)
         if not self.stopped_by:
             return False
         if self.last_saved != step:
             self.save(step)
         if self.rank == 0:
-            print(f"[train] stop requested: stopped after step {step} of {self.total_steps}; "
+            print(f"[train] stop requested: stopped after step {step} of {self.train.steps}; "
                   f"checkpoint {latest_checkpoint(self.out)}; --resume continues", flush=True)
         return True
 
