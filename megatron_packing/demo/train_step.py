@@ -205,9 +205,6 @@ def train_step(model: MegatronModule, optimizer: torch.optim.Optimizer | Megatro
     succeeded), or a torch LR scheduler, stepped once.
     """
     if is_megatron_ddp(model):
-        if isinstance(batch, PaddedBatch):
-            raise TypeError("a megatron-core DistributedDataParallel model trains packed steps "
-                            "only; train a padded step with the plain or FSDP2 model")
         return _train_step_megatron_ddp(model, optimizer, batch, scheduler=scheduler,
                                         dp_group=dp_group, clip_grad=clip_grad, thd=thd,
                                         loss_from_logits=loss_from_logits)
@@ -239,12 +236,12 @@ def _is_megatron_optimizer(optimizer: object) -> bool:
 
 
 def _train_step_megatron_ddp(model: MegatronModule, optimizer: MegatronOptimizer,
-                             batch: PackedBatch, *,
+                             batch: PackedBatch | PaddedBatch, *,
                              scheduler: torch.optim.lr_scheduler.LRScheduler
                              | OptimizerParamScheduler | None,
                              dp_group: dist.ProcessGroup | None, clip_grad: float | None,
                              thd: bool, loss_from_logits: bool) -> StepResult:
-    """Megatron-LM's ``train_step`` for one packed step: the gradients are never in ``.grad``."""
+    """Megatron-LM's ``train_step`` for one step: the gradients are never in ``.grad``."""
     if not _is_megatron_optimizer(optimizer):
         raise TypeError(f"a megatron-core DistributedDataParallel model needs a megatron-core "
                         f"optimizer (ddp.build_megatron_optimizer), got "

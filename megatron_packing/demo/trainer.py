@@ -1,19 +1,22 @@
 """The end-to-end CPU trainer: DP ranks on gloo, a tiny megatron-core GPT, packed SFT batches.
 
-`train` launches ``train.dp_size`` processes. Each builds the dataset and this rank's
-`build_sft_dataloader`, runs megatron-core's schedule over its micro-batches each step (their
-number varies per step), sums gradients over DP and steps the optimizer. The steps are packed
-rows, or padded ``[b, L]`` blocks (``use_sequence_packing: false``: a token budget or a fixed
-``micro_batch_size``, every rank running the step's agreed count with zero-loss dummies).
-``train.backend`` replicates the model (``megatron_ddp``) or shards it with torch's FSDP2
-(``fsdp2``). Rank 0 logs the
-step metrics (JSONL, W&B), and all ranks checkpoint model, optimizer, LR schedule and the
-dataloader state every ``train.checkpoint_every`` steps; ``resume`` continues exactly.
+`train` launches ``train.dp_size`` processes. Each builds the dataset, this rank's
+`build_sft_dataloader` and its parts (`build_parts`), then runs the library's step loop
+(`megatron_packing.megatron.step_loop.run_steps`, the loop the Megatron-LM entry point runs)
+with `DemoHost`: megatron-core's schedule over the step's micro-batches (their number varies
+per step), the optimizer step and megatron-core's LR schedule stepped by real examples. The
+steps are packed rows, or padded ``[b, L]`` blocks (``use_sequence_packing: false``: a token
+budget or a fixed ``micro_batch_size``, every rank running the step's agreed count with
+zero-loss dummies). ``train.backend`` wraps the model in megatron-core's DDP with
+megatron-core's optimizer (``megatron_ddp``) or shards it with torch's FSDP2 and AdamW
+(``fsdp2``). Rank 0 logs the step metrics (JSONL, W&B) and the validation losses; all ranks
+checkpoint model, optimizer, LR schedule and the training stream's state every
+``train.checkpoint_every`` steps; ``resume`` continues exactly.
 
 Before any rank starts, the launcher takes each output directory's run lock, tokenizes (or
 loads the cached index), refuses an empty dataset and verifies the checkpoint to resume
 from. Under torchrun the same happens in rank 0 while the other ranks wait. SIGINT / SIGTERM
-stop every rank at the same step with a final checkpoint (see `megatron.launch`).
+stop every rank at the same step with a final checkpoint (see `demo.launch`).
 """
 
 from __future__ import annotations
@@ -315,7 +318,8 @@ class DemoParts:
     def state(self) -> dict[str, Any]:
         """This rank's checkpoint: weights, optimizer, LR schedule and the stream's state."""
         weights = (full_state(self.model, self.optimizer) if self.sharded else
-                   {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()})
+                   {"model": self.model.module.state_dict(),
+                    "optimizer": self.optimizer.state_dict()})
         return {**weights, "scheduler": self.scheduler.state_dict(),
                 "dataloader": self.stream.state_dict()}
 
@@ -326,7 +330,7 @@ class DemoParts:
             if self.sharded:
                 load_full_state(self.model, self.optimizer, state)
             else:
-                self.model.load_state_dict(state["model"])
+                self.model.module.load_state_dict(state["model"])
                 self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
         except (KeyError, RuntimeError, ValueError) as exc:
@@ -346,8 +350,10 @@ class DemoParts:
         if not self.agree_counts:
             batch = _own_count_only(batch)
         began = time.perf_counter()
+        # megatron-core's optimizer clips (its OptimizerConfig.clip_grad); FSDP2's is torch's.
+        clip = self.cfg.train.clip_grad if self.sharded else None
         result = train_step(self.model, self.optimizer, batch, scheduler=self.scheduler,
-                            dp_group=self.group, clip_grad=self.cfg.train.clip_grad,
+                            dp_group=self.group, clip_grad=clip,
                             loss_from_logits=self.loss_from_logits)
         return StepDone(result.loss, result.lr, result.grad_norm,
                         compute_ms=(time.perf_counter() - began) * 1000)
@@ -377,11 +383,13 @@ def build_parts(rank: int, world: int, cfg: TrainingConfig, num_workers: int) ->
                            max_seq_len=model_positions(cfg, dataset))
     broadcast_parameters(model, group=group)
     sharded = tc.backend == "fsdp2"
-    if sharded:
+    if sharded:  # torch's FSDP2: gradients in the shards' .grad, torch's AdamW steps them
         model = wrap_in_fsdp2(model, group)
+        optimizer: Any = torch.optim.AdamW(model.parameters(), lr=tc.lr,
+                                           weight_decay=tc.weight_decay, betas=(0.9, 0.95))
+    else:  # megatron-core's DDP (main_grad buffers) and megatron-core's optimizer
+        model, optimizer = _megatron_ddp_and_optimizer(model, tc)
     model_calls = _count_calls(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay,
-                                  betas=(0.9, 0.95))
     batch_size = cfg.packing.global_batch_size
     scheduler = example_schedule(
         optimizer, lr=tc.lr, min_lr=tc.min_lr, weight_decay=tc.weight_decay,
@@ -396,6 +404,23 @@ def build_parts(rank: int, world: int, cfg: TrainingConfig, num_workers: int) ->
                      resume_setup(cfg, dataset), sharded, valid_loader, model_calls,
                      agree_counts=os.environ.get(NO_COUNT_AGREEMENT_ENV, "") != "1",
                      num_examples=len(dataset))
+
+
+def _megatron_ddp_and_optimizer(model: Any, tc: Any) -> tuple[Any, Any]:
+    """megatron-core ``DistributedDataParallel`` around the model and megatron-core's Adam
+    (clipping, and Megatron's rule of no weight decay on biases and norm weights)."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+
+    from megatron_packing.megatron.ddp import build_megatron_optimizer, wrap_in_ddp
+
+    ddp = wrap_in_ddp(model, DistributedDataParallelConfig(grad_reduce_in_fp32=False,
+                                                           use_distributed_optimizer=False))
+    optimizer = build_megatron_optimizer(ddp, OptimizerConfig(
+        optimizer="adam", lr=tc.lr, min_lr=tc.min_lr, weight_decay=tc.weight_decay,
+        adam_beta1=0.9, adam_beta2=0.95, clip_grad=tc.clip_grad, bf16=False, fp16=False,
+        use_distributed_optimizer=False))
+    return ddp, optimizer
 
 
 def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:

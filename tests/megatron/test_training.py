@@ -169,3 +169,18 @@ def test_the_validation_loss_is_the_token_mean_over_every_validation_example(run
     reference = json.loads(result.read_text())
     assert reference["checkpoint"] == f"step_{STEPS:06d}"
     assert _valid(out)[-1]["valid/loss"] == pytest.approx(reference["loss"], rel=1e-5)
+
+
+def test_the_replicated_backend_trains_with_megatron_cores_ddp_and_optimizer(runs):
+    """megatron_ddp: megatron-core's optimizer made the parameter groups (decay off for biases
+    and norm weights, Megatron's rule), and the saved weights are the unwrapped model's."""
+    from megatron_packing.demo.checkpoint import latest_checkpoint, load_checkpoint
+
+    checkpoint = latest_checkpoint(runs["dirs"]["full"])
+    assert checkpoint is not None
+    state = load_checkpoint(checkpoint, 0)
+    groups = state["optimizer"]["param_groups"]
+    assert sorted(g["wd_mult"] for g in groups) == [0.0, 1.0]
+    assert not any(key.startswith("module.") for key in state["model"])
+    assert state["scheduler"]["num_steps"] == sum(r["train/actual_batch_size"]
+                                                  for r in _metrics(runs["dirs"]["full"]))
