@@ -72,9 +72,19 @@ class PackedCollator:
     refuses an example whose token count differs from the one planned.
     """
 
-    def __init__(self, *, config: CollatorConfig | None = None,
+    def __init__(self, *removed: Any, config: CollatorConfig | None = None,
                  **settings: Unpack[CollatorKeywords]) -> None:
         """``config`` (or its fields as keywords: ``pad_token_id``) says what padding holds."""
+        if removed:
+            raise TypeError(
+                "PackedCollator no longer takes an alignment or a bin capacity: the sampler's "
+                "plan lays out every row (StepPlan.layouts). Build it as "
+                "PackedCollator(pad_token_id=...) or PackedCollator(config=CollatorConfig(...))")
+        if "pad_bins_to_capacity" in settings:
+            raise TypeError(
+                "pad_bins_to_capacity is the sampler's setting now (the plan's row lengths are "
+                "final): pass it to DPAlignedPackingBatchSampler(..., pad_bins_to_capacity=...) "
+                "or set it in PackerConfig / the YAML's packing section")
         config = config_or_keywords(CollatorConfig, config, settings, owner="PackedCollator")
         self.config = config
         self.pad_token_id = config.pad_token_id
