@@ -1,4 +1,5 @@
-"""The ``megatron-packing`` command: ``train``, ``simulate``, ``tune``, ``inspect`` and ``budget``."""
+"""The ``megatron-packing`` command: ``train``, ``prepare``, ``simulate``, ``tune``, ``inspect``
+and ``budget``."""
 
 from __future__ import annotations
 
@@ -100,6 +101,19 @@ def _inspect_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare(args: argparse.Namespace) -> int:
+    """Build (or verify) the config's length-index cache, so the job never waits to tokenize."""
+    from megatron_packing.config import ConfigError
+    from megatron_packing.data import BadRecordError, CorruptStoreError
+    from megatron_packing.reports.prepare import PrepareError, prepare_command
+
+    try:
+        return prepare_command(args.config, args.workers)
+    except (ConfigError, PrepareError, BadRecordError, CorruptStoreError) as exc:
+        print(f"megatron-packing prepare: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+
+
 def _budget(args: argparse.Namespace) -> int:
     """Write a token-budget change for a running padded-mode job (its control file)."""
     from pathlib import Path
@@ -129,7 +143,11 @@ def _budget(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line: one parser, a subparser per command with all its options."""
-    from megatron_packing.reports.arguments import add_simulate_arguments, add_tune_arguments
+    from megatron_packing.reports.arguments import (
+        add_simulate_arguments,
+        add_tune_arguments,
+        integer,
+    )
 
     parser = argparse.ArgumentParser(prog="megatron-packing",
                                      description="DP-aligned sequence packing for Megatron SFT")
@@ -144,6 +162,21 @@ def build_parser() -> argparse.ArgumentParser:
                          "and checkpoints); without it, or --resume, such a directory is refused")
     tr.add_argument("--no-wandb", action="store_true", help="do not log to W&B")
     tr.add_argument("--steps", type=int, help="override train.steps")
+
+    prep = sub.add_parser(
+        "prepare", help="tokenize a YAML's data ahead of the job: build (or verify) the length "
+                        "index and token store in data.cache_dir",
+        description="Build the length-index cache of data.paths and data.valid_paths (or load "
+                    "and verify it when present) with the loader call `train` and the "
+                    "Megatron-LM entry point make, so the job finds it and does not tokenize. "
+                    "Prints, per split, examples, tokens, loss tokens, skipped records, the "
+                    "cache entries (built or already present) and the build time. A build of "
+                    "the same entry by another process is named (its lock file) and waited for.")
+    prep.add_argument("--config", required=True,
+                      help="a training YAML, or the Megatron-LM --packing-config YAML; its "
+                           "data: section must set cache_dir")
+    prep.add_argument("--workers", type=integer("--workers", 1), default=1,
+                      help="tokenizer processes (default 1); the cache is the same for any count")
 
     sim = sub.add_parser(
         "simulate", help="simulate packing and DP alignment on the shipped length pools, or "
@@ -210,6 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
     if args.command == "budget":
         return _budget(args)
+    if args.command == "prepare":
+        return _prepare(args)
     return _inspect(args)
 
 

@@ -238,6 +238,24 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def held_locks(cache_dir: Path, name: str) -> list[Path]:
+    """Lock files of ``cache_dir``'s entries for a source called ``name`` (a file's name) that
+    a build holds now (a non-blocking try of the lock `build_or_load` takes and waits on)."""
+    held = []
+    for path in sorted(Path(cache_dir).glob(f".{_safe(name)}-*.lock")):
+        try:
+            with path.open("a") as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    held.append(path)
+                else:
+                    fcntl.flock(f, fcntl.LOCK_UN)
+        except OSError:
+            continue  # unreadable or gone: not a lock this process could wait on
+    return held
+
+
 def raise_first_bad(store_meta: dict[str, Any]) -> None:
     """In error mode, a cached entry that skipped records raises for its first bad record."""
     examples = store_meta.get("skipped_examples") or []

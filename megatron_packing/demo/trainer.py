@@ -267,14 +267,10 @@ def _torchrun_worker(rank: int, world: int, cfg: TrainingConfig, specs: list[Run
 
 def _load_dataset(cfg: TrainingConfig, paths: list[str] | None = None) -> Any:
     """The training data (or ``paths``: the validation data) through the length index."""
-    from megatron_packing.data import load_sft_dataset
+    from megatron_packing.config.data_loading import load_data_split
 
-    data = cfg.data
-    chosen = data.paths if paths is None else paths
-    return load_sft_dataset([cfg.resolve(p) for p in chosen], cfg.resolve(data.tokenizer),
-                            loss_on=data.loss_on, on_bad_record=data.on_bad_record,
-                            cache_dir=cfg.resolve(data.cache_dir) if data.cache_dir else None,
-                            show_progress=False)
+    return load_data_split(cfg.data, cfg.data.paths if paths is None else paths,
+                           resolve=cfg.resolve)
 
 
 def _vocab_size(cfg: TrainingConfig) -> int:

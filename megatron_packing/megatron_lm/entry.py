@@ -62,13 +62,11 @@ def _load_datasets(data: DataConfig, *, vocab_limit: int) -> tuple[Any, Any]:
     """(train, valid or None). Global rank 0 builds the length index first; the others read it."""
     import torch.distributed as dist
 
-    from megatron_packing.data import load_sft_dataset
+    from megatron_packing.config.data_loading import load_data_split
     from megatron_packing.data.tokenize import load_tokenizer
 
     def load(paths: list[str]) -> Any:
-        return load_sft_dataset(paths, data.tokenizer, loss_on=data.loss_on,
-                                on_bad_record=data.on_bad_record, cache_dir=data.cache_dir,
-                                show_progress=False)
+        return load_data_split(data, paths)
 
     datasets = None
     for turn in (0, 1):
