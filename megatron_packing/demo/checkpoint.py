@@ -1,17 +1,20 @@
-"""Per-rank checkpoints written atomically, checked on resume, the newest N kept.
+"""Checkpoints written atomically, checked on resume, the newest N kept.
 
 Layout::
 
-    <dir>/checkpoints/step_000020/rank0.pt, rank1.pt, manifest.json
+    <dir>/checkpoints/step_000020/weights/...     model and optimizer (`demo.weights`)
+                                  rank0.pt, rank1.pt, manifest.json
     <dir>/checkpoints/latest            "step_000020"
 
-A save goes to ``step_000020.partial/``: every rank writes its file (temp name, fsync,
-rename), rank 0 then writes ``manifest.json`` (each rank file's size and sha256), renames the
-directory to ``step_000020`` and only then points ``latest`` at it. A run killed mid-save
-leaves a ``.partial`` directory that resume ignores (and says so); ``latest`` still names the
-previous complete checkpoint. A checkpoint whose files do not match their manifest (truncated,
-damaged) is refused by name. A failed write (disk full) removes the partial directory and
-raises `CheckpointError` on every rank; the previous checkpoint stays as it was.
+A save goes to ``step_000020.partial/``: the ranks together write the sharded model and
+optimizer into ``weights/`` (a distributed checkpoint), every rank writes its own file (the LR
+schedule and the loader state: temp name, fsync, rename), rank 0 then writes ``manifest.json``
+(every file's size and sha256, the distributed checkpoint's included), renames the directory
+to ``step_000020`` and only then points ``latest`` at it. A run killed mid-save leaves a
+``.partial`` directory that resume ignores (and says so); ``latest`` still names the previous
+complete checkpoint. A checkpoint whose files do not match their manifest (truncated, damaged)
+is refused by name. A failed write (disk full) removes the partial directory and raises
+`CheckpointError` on every rank; the previous checkpoint stays as it was.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import io
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,9 @@ import torch.distributed as dist
 LATEST = "latest"
 MANIFEST = "manifest.json"
 PARTIAL_SUFFIX = ".partial"
+SHARED = "weights"
+"""The subdirectory that the ranks' collective writer (`save_checkpoint`'s ``write_shared``)
+fills: the distributed checkpoint of the model and optimizer."""
 
 
 class CheckpointError(RuntimeError):
@@ -93,12 +100,25 @@ def _describe_write_error(exc: OSError, path: Path) -> str:
     return f"could not write {path}: {exc}"
 
 
+def _shared_files(directory: Path) -> dict[str, dict[str, Any]]:
+    """Size and sha256 of every file under ``directory``, by its path in the checkpoint."""
+    found = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        found[path.relative_to(directory.parent).as_posix()] = {"bytes": len(data),
+                                                                "sha256": _sha256(data)}
+    return found
+
+
 def save_checkpoint(output_dir: str | Path, step: int, rank: int, state: dict[str, Any], *,
-                    keep: int = 3, setup: dict[str, Any] | None = None) -> Path:
+                    keep: int = 3, setup: dict[str, Any] | None = None,
+                    write_shared: Callable[[Path], None] | None = None) -> Path:
     """Write this rank's state for ``step``; once every rank wrote, publish it as latest.
 
     ``setup`` (JSON values) goes into the manifest: what a resume must not change
-    (`check_setup` compares it before any rank starts).
+    (`check_setup` compares it before any rank starts). ``write_shared`` (collective, called
+    on every rank with the same empty directory, ``<checkpoint>/weights``) writes what the ranks
+    save together; its files are in the manifest like the rank files.
 
     Collective when a process group is initialised: every rank must call it for the same step.
     Raises `CheckpointError` on every rank if any rank's write failed.
@@ -109,17 +129,28 @@ def save_checkpoint(output_dir: str | Path, step: int, rank: int, state: dict[st
     if rank == 0:
         shutil.rmtree(partial, ignore_errors=True)  # left by an earlier interrupted save
         partial.mkdir(parents=True)
+        if write_shared is not None:
+            (partial / SHARED).mkdir()
     _barrier()
     path = partial / f"rank{rank}.pt"
+    outcome: dict[str, Any] = {"rank": rank}
+    if write_shared is not None:
+        try:
+            write_shared(partial / SHARED)
+        except OSError as exc:
+            outcome["error"] = _describe_write_error(exc, partial / SHARED)
+        except Exception as exc:  # the writer's own errors wrap the OSError; one line of it
+            outcome["error"] = (f"could not write {partial / SHARED}: {type(exc).__name__}: "
+                                f"{str(exc).strip().splitlines()[0][:300] if str(exc) else ''}")
     buffer = io.BytesIO()
     torch.save({**state, "step": step}, buffer)
     data = buffer.getvalue()
-    try:
-        _write_atomic(path, data)
-        outcome: dict[str, Any] = {"rank": rank, "file": path.name, "bytes": len(data),
-                                   "sha256": _sha256(data)}
-    except OSError as exc:
-        outcome = {"rank": rank, "error": _describe_write_error(exc, path)}
+    if "error" not in outcome:
+        try:
+            _write_atomic(path, data)
+            outcome.update(file=path.name, bytes=len(data), sha256=_sha256(data))
+        except OSError as exc:
+            outcome["error"] = _describe_write_error(exc, path)
     outcomes = _gather(outcome)
     errors = [o["error"] for o in outcomes if "error" in o]
     if errors:
@@ -132,9 +163,10 @@ def save_checkpoint(output_dir: str | Path, step: int, rank: int, state: dict[st
         raise CheckpointError(f"checkpoint of step {step} failed: {'; '.join(errors)}; "
                               f"nothing was published and {kept}")
     if rank == 0:
-        manifest = {"step": step, "world_size": len(outcomes),
-                    "files": {o["file"]: {"bytes": o["bytes"], "sha256": o["sha256"]}
-                              for o in outcomes}}
+        files = {o["file"]: {"bytes": o["bytes"], "sha256": o["sha256"]} for o in outcomes}
+        if write_shared is not None:
+            files.update(_shared_files(partial / SHARED))
+        manifest = {"step": step, "world_size": len(outcomes), "files": files}
         if setup is not None:
             manifest["setup"] = setup
         _write_atomic(partial / MANIFEST, json.dumps(manifest, indent=1).encode())

@@ -38,6 +38,7 @@ import torch.distributed as dist
 
 from megatron_packing.config.training import TrainingConfig
 from megatron_packing.demo.checkpoint import (
+    SHARED,
     check_setup,
     find_resume_checkpoint,
     latest_checkpoint,
@@ -55,6 +56,7 @@ from megatron_packing.demo.launch import (
 )
 from megatron_packing.demo.run_dir import check_output_path, claim_output_dir
 from megatron_packing.demo.run_lock import hold_output_dirs
+from megatron_packing.demo.weights import WeightsMismatch, load_weights, save_weights
 from megatron_packing.loader.metrics import (
     JsonlLogger,
     MetricsLogger,
@@ -63,7 +65,7 @@ from megatron_packing.loader.metrics import (
     truncate_jsonl,
     wandb_run_id,
 )
-from megatron_packing.megatron.fsdp2 import full_state, load_full_state, wrap_in_fsdp2
+from megatron_packing.megatron.fsdp2 import wrap_in_fsdp2
 from megatron_packing.megatron.step_loop import LoopEnd, StepDone, StepHost, StepRecord, run_steps
 from megatron_packing.megatron.train_stream import EmptyEpoch, TrainStream
 
@@ -312,24 +314,25 @@ class DemoParts:
         return self.cfg.model.dtype == "float64"
 
     def state(self) -> dict[str, Any]:
-        """This rank's checkpoint: weights, optimizer, LR schedule and the stream's state."""
-        weights = (full_state(self.model, self.optimizer) if self.sharded else
-                   {"model": self.model.module.state_dict(),
-                    "optimizer": self.optimizer.state_dict()})
-        return {**weights, "scheduler": self.scheduler.state_dict(),
-                "dataloader": self.stream.state_dict()}
+        """This rank's own part of a checkpoint: the LR schedule and the stream's state."""
+        return {"scheduler": self.scheduler.state_dict(), "dataloader": self.stream.state_dict()}
+
+    def write_weights(self, directory: Path) -> None:
+        """The model and optimizer, sharded, into ``directory`` (collective; `demo.weights`)."""
+        save_weights(self.model, self.optimizer, directory, fsdp2=self.sharded)
 
     def restore(self, checkpoint: Path) -> int:
         """Load this rank's part of ``checkpoint``; returns the steps it had done."""
         state = load_checkpoint(checkpoint, self.rank)
+        weights = checkpoint / SHARED
+        if not weights.is_dir():
+            raise TrainingError(f"checkpoint {checkpoint} has no {SHARED}/ directory (the model "
+                                "and optimizer); it was written by an older version of the "
+                                "demo: start a new run")
         try:
-            if self.sharded:
-                load_full_state(self.model, self.optimizer, state)
-            else:
-                self.model.module.load_state_dict(state["model"])
-                self.optimizer.load_state_dict(state["optimizer"])
+            load_weights(self.model, self.optimizer, weights, fsdp2=self.sharded)
             self.scheduler.load_state_dict(state["scheduler"])
-        except (KeyError, RuntimeError, ValueError) as exc:
+        except (WeightsMismatch, KeyError, RuntimeError, ValueError) as exc:
             raise TrainingError(f"checkpoint {checkpoint} does not fit this run's model or "
                                 f"optimizer ({str(exc).splitlines()[0][:300]}); resume with the "
                                 "model settings it was saved with, or start a new run") from None
@@ -485,7 +488,8 @@ class DemoHost(StepHost):
 
     def save(self, step: int) -> None:
         save_checkpoint(self.out, step, self.rank, self.parts.state(),
-                        keep=self.train.checkpoint_keep, setup=self.parts.setup)
+                        keep=self.train.checkpoint_keep, setup=self.parts.setup,
+                        write_shared=self.parts.write_weights)
         self.last_saved = step
 
     def report(self, record: StepRecord) -> None:

@@ -20,6 +20,10 @@ megatron-core assumes CUDA in a few spots that a tiny CPU model still reaches:
    and its ``.float()`` returns it unchanged (the branch casts gradients with ``.float()``), so a
    float64 run keeps float64 parameters, gradients and Adam state. No-op for other dtypes.
 
+6. megatron-core's checkpoint writer (``dist_checkpointing``'s ``torch_dist`` strategy) calls
+   ``torch.cuda.synchronize()`` before it copies tensors out; with no CUDA device there is
+   nothing to wait for, so it returns at once.
+
 `megatron_optimizer_compat` applies 3 to 5; wrap ``get_megatron_optimizer`` and every
 ``optimizer.step()`` in it (`megatron_packing.megatron.ddp` and `train_step` do).
 
@@ -44,18 +48,24 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 
+def _nothing_to_wait_for(device: Any = None) -> None:
+    """``torch.cuda.synchronize`` on a machine without CUDA (workaround 6)."""
+
+
 def cpu_only() -> bool:
     """True when megatron-core has to run on the CPU."""
     return not torch.cuda.is_available()
 
 
 def apply_cpu_workarounds() -> None:
-    """Patch the process for CPU megatron-core (workarounds 1 and 2). Idempotent; no-op on GPU."""
+    """Patch the process for CPU megatron-core (workarounds 1, 2 and 6). Idempotent; no-op on
+    GPU."""
     if not cpu_only():
         return
     from megatron.core import tensor_parallel
 
     torch.cuda.current_device = _cpu_current_device  # type: ignore[assignment]
+    torch.cuda.synchronize = _nothing_to_wait_for
     tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
 
 

@@ -69,29 +69,3 @@ def clip_and_norm(model: torch.nn.Module, clip_grad: float | None) -> float:
         norm = norm.full_tensor()
     return float(norm)
 
-
-def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Model and optimizer state as full (unsharded) tensors, for a checkpoint. Collective."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
-
-    options = StateDictOptions(full_state_dict=True)
-    return {"model": get_model_state_dict(model, options=options),
-            "optimizer": get_optimizer_state_dict(model, optimizer, options=options)}
-
-
-def load_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    state: dict[str, Any]) -> None:
-    """Load `full_state`'s output (every rank holds the full dicts) back into the shards."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
-    options = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(model, state["model"], options=options)
-    set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)

@@ -8,6 +8,7 @@ shipped demo data) and kill the real processes.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import signal
@@ -154,6 +155,57 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypa
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000002"]
     assert (root / "step_000002" / "rank0.pt").read_bytes() == before
     assert ckpt.find_resume_checkpoint(tmp_path, world_size=1)[0] == root / "step_000002"
+
+
+def _write_weights(value: int):
+    """A stand-in for the ranks' collective writer: two files under the shared directory."""
+    def write(directory):
+        (directory / "__0_0.distcp").write_bytes(bytes([value]) * 4096)
+        (directory / ".metadata").write_bytes(b"meta")
+    return write
+
+
+def test_the_shared_writers_files_are_published_in_the_manifest_and_checked(tmp_path):
+    ckpt.save_checkpoint(tmp_path, 2, 0, _state(2), keep=3, write_shared=_write_weights(2))
+    ckpt.save_checkpoint(tmp_path, 4, 0, _state(4), keep=3, write_shared=_write_weights(4))
+    root = ckpt.checkpoint_root(tmp_path)
+    saved = root / "step_000004"
+    assert sorted(p.name for p in saved.iterdir()) == ["manifest.json", "rank0.pt", ckpt.SHARED]
+    listed = json.loads((saved / ckpt.MANIFEST).read_text())["files"]
+    assert sorted(listed) == ["rank0.pt", "weights/.metadata", "weights/__0_0.distcp"]
+    assert ckpt.find_resume_checkpoint(tmp_path, world_size=1)[0] == saved
+    shard = saved / ckpt.SHARED / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:100])  # truncated after publishing
+    with pytest.raises(ckpt.CheckpointError, match=r"step_000004 is damaged: weights/__0_0.distcp "
+                       r"has 100 bytes.*to resume from step_000002"):
+        ckpt.find_resume_checkpoint(tmp_path, world_size=1)
+
+
+def test_disk_full_in_the_shared_writer_keeps_the_previous_checkpoint(tmp_path):
+    ckpt.save_checkpoint(tmp_path, 2, 0, _state(2), keep=3, write_shared=_write_weights(2))
+
+    def disk_full(directory):
+        (directory / "__0_0.distcp").write_bytes(b"half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory / "__0_0.distcp"))
+
+    with pytest.raises(ckpt.CheckpointError) as info:
+        ckpt.save_checkpoint(tmp_path, 4, 0, _state(4), keep=3, write_shared=disk_full)
+    root = ckpt.checkpoint_root(tmp_path)
+    assert "no space left on device while writing" in str(info.value)
+    assert f"the previous checkpoint {root / 'step_000002'} is intact" in str(info.value)
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000002"]
+    assert ckpt.find_resume_checkpoint(tmp_path, world_size=1)[0] == root / "step_000002"
+
+
+def test_a_writer_error_that_is_not_an_os_error_is_named_and_nothing_is_published(tmp_path):
+    def broken(directory):
+        raise RuntimeError("tensor storage could not be read\nsecond line")
+
+    with pytest.raises(ckpt.CheckpointError, match=r"checkpoint of step 2 failed: could not "
+                       r"write .*weights: RuntimeError: tensor storage could not be read; "
+                       r"nothing was published and there is no earlier checkpoint"):
+        ckpt.save_checkpoint(tmp_path, 2, 0, _state(2), keep=3, write_shared=broken)
+    assert sorted(p.name for p in ckpt.checkpoint_root(tmp_path).iterdir()) == []
 
 
 # ---- processes: kills, signals, the run lock ------------------------------------------------

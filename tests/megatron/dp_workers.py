@@ -75,8 +75,9 @@ def validation_reference(rank: int, world: int, cfg, run_dir: str, valid_path: s
 
     from megatron_packing.data import load_sft_dataset
     from megatron_packing.data.tokenize import load_tokenizer
-    from megatron_packing.demo.checkpoint import latest_checkpoint, load_checkpoint
+    from megatron_packing.demo.checkpoint import SHARED, latest_checkpoint
     from megatron_packing.demo.trainer import model_positions
+    from megatron_packing.demo.weights import load_model
     from megatron_packing.megatron.packed_seq import causal_mask
 
     tokenizer = cfg.data.tokenizer
@@ -88,7 +89,7 @@ def validation_reference(rank: int, world: int, cfg, run_dir: str, valid_path: s
                            max_seq_len=model_positions(cfg, train_ds))
     checkpoint = latest_checkpoint(run_dir)
     assert checkpoint is not None
-    model.load_state_dict(load_checkpoint(checkpoint, 0)["model"])
+    load_model(model, checkpoint / SHARED)  # saved by 2 ranks, read by 1
     model.eval()
     capacity = cfg.packing.bin_capacity
     total, tokens = 0.0, 0

@@ -141,8 +141,17 @@ def test_loss_falls_and_outputs_exist(runs):
     assert full[-1]["train/loss"] < full[0]["train/loss"]
     ckpt = Path(runs["dirs"]["full"]) / "checkpoints"
     assert (ckpt / "latest").read_text().strip() == f"step_{STEPS:06d}"
-    assert {p.name for p in (ckpt / f"step_{STEPS:06d}").iterdir()} == {"rank0.pt", "rank1.pt",
-                                                                     "manifest.json"}
+    saved = ckpt / f"step_{STEPS:06d}"
+    assert {p.name for p in saved.iterdir()} == {"rank0.pt", "rank1.pt", "manifest.json",
+                                                 "weights"}
+    # the model and optimizer: megatron-core's distributed checkpoint, written by both ranks
+    # (__<rank>_<thread>.distcp: the writes spread over the data-parallel ranks), every file
+    # in the manifest
+    shards = sorted(p.name for p in (saved / "weights").glob("*.distcp"))
+    assert {name.split("_")[2] for name in shards} == {"0", "1"}
+    assert (saved / "weights" / ".metadata").is_file()
+    listed = json.loads((saved / "manifest.json").read_text())["files"]
+    assert {f"weights/{name}" for name in shards} <= set(listed)
 
 
 def _valid(run_dir: str) -> list[dict]:
@@ -173,14 +182,21 @@ def test_the_validation_loss_is_the_token_mean_over_every_validation_example(run
 
 def test_the_replicated_backend_trains_with_megatron_cores_ddp_and_optimizer(runs):
     """megatron_ddp: megatron-core's optimizer made the parameter groups (decay off for biases
-    and norm weights, Megatron's rule), and the saved weights are the unwrapped model's."""
-    from megatron_packing.demo.checkpoint import latest_checkpoint, load_checkpoint
+    and norm weights, Megatron's rule), and the saved weights are the unwrapped model's, in
+    megatron-core's distributed checkpoint."""
+    from megatron.core import dist_checkpointing
+
+    from megatron_packing.demo.checkpoint import SHARED, latest_checkpoint, load_checkpoint
 
     checkpoint = latest_checkpoint(runs["dirs"]["full"])
     assert checkpoint is not None
-    state = load_checkpoint(checkpoint, 0)
-    groups = state["optimizer"]["param_groups"]
+    common = dist_checkpointing.load_common_state_dict(str(checkpoint / SHARED))
+    groups = common["optimizer"]["param_groups"]
     assert sorted(g["wd_mult"] for g in groups) == [0.0, 1.0]
-    assert not any(key.startswith("module.") for key in state["model"])
+    tensors = dist_checkpointing.load_tensors_metadata(str(checkpoint / SHARED))
+    assert "embedding.word_embeddings.weight" in tensors
+    assert not any(key.startswith("module.") for key in tensors)
+    state = load_checkpoint(checkpoint, 0)
+    assert set(state) == {"scheduler", "dataloader", "step"}  # the rank's own part only
     assert state["scheduler"]["num_steps"] == sum(r["train/actual_batch_size"]
                                                   for r in _metrics(runs["dirs"]["full"]))
