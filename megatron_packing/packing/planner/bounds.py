@@ -15,9 +15,10 @@ counts.
 
 The bound of ``[start, end)`` never decreases as ``end`` grows (every term is a count over the
 segment). So along one start and increasing ends, the ends whose bound is one given multiple of
-dp form one run; `BoundJudge.best_in_ranges` finds each run's edges by bisection instead of
-judging every end, and answers the lookahead's question (the best of ``aligns + value`` over a
-range of ends) from a range-maximum table of the values.
+dp form one run; `BoundJudge.best_in_ranges` finds each run's edges by a sorted search per
+term of the bound (`SegmentBound.reaching`; by bisection when own-bin examples add to the
+largest term) instead of judging every end, and answers the lookahead's question (the best of
+``aligns + value`` over a range of ends) from a range-maximum table of the values.
 """
 
 from __future__ import annotations
