@@ -4,9 +4,10 @@ Every field of `PlannerTunables` (megatron_packing/packing/planner/tunables.py) 
 and to twice its default in turn (integers: half rounded down, at least 0 or 1 as the field
 allows), on a few geometries of the shipped mixed pool, variation 0.05, MFFD. Per run: bins,
 steps aligned, per-step token CV, modeled step-time CV, plan ms median, as the change from the
-defaults. The pure caches (grid_cache_cells, grids_remembered, memo_examples) must show no
-change at all: they only change speed. ``repair_budget`` is read by the packers' fixed-count
-repacking, so it is swapped in the module that reads it. Prints markdown; not a timed test.
+defaults. The pure caches (grid_cache_cells, grids_remembered, memo_examples) and the
+threshold for judging grids row by row (range_judge_cells) must show no change at all: they
+only change speed. ``repair_budget`` is read by the packers' fixed-count repacking, so it is
+swapped in the module that reads it. Prints markdown; not a timed test.
 
     nice -n 10 python benchmarks/bench_planner_constants.py [--out FILE]
 """

@@ -8,18 +8,20 @@ arbitrary pair test (a hash of the segment), so no property of the bound hides a
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megatron_packing.packing.planner.bounds import PairJudge
+from megatron_packing.packing.planner.bounds import BoundJudge, PairJudge, SegmentBound
 from megatron_packing.packing.planner.lookahead import (
     boundary_layers,
     future_alignment,
     onward_alignment,
 )
+from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES
 from megatron_packing.packing.planner.window import StepContext
 
 FAST = settings(max_examples=80, deadline=None)
@@ -158,3 +160,40 @@ def test_every_boundary_leaves_an_example_for_each_later_step(case):
             assert (layer.positions <= context.remaining - steps_after).all()
             assert (np.abs(layer.offsets) <= context.v).all()
         assert (layer.positions <= available).all()
+
+
+@st.composite
+def bound_cases(draw):
+    """A lookahead case judged by the segment bound: lengths near C/t (t = 1..4, so every term
+    of the bound can decide), sometimes own-bin oversize ones, dp from 1 to 8."""
+    context, horizon, available, _ = draw(cases())
+    capacity = 12 * draw(st.integers(1, 20))
+    near = st.sampled_from([capacity, capacity // 2, capacity // 3, capacity // 4, capacity // 6])
+    # Mostly exact fractions: segment totals then land on multiples of C, where an
+    # off-by-one in a term's threshold shows.
+    length = st.one_of(near, near, near.map(lambda x: x + 1), st.integers(1, capacity))
+    if draw(st.booleans()):
+        length = st.one_of(length, st.integers(capacity + 1, 2 * capacity))  # own-bin examples
+    lengths = np.array(draw(st.lists(length, min_size=available, max_size=available)),
+                       dtype=np.int64)
+    return context, horizon, available, SegmentBound(lengths, capacity), draw(st.integers(1, 8))
+
+
+@FAST
+@given(bound_cases())
+def test_the_bound_judges_rows_by_sorted_search_as_it_judges_every_cell(case):
+    # Above `range_judge_cells` the bound's judge answers each row of a (boundary, next
+    # boundary) grid by sorted searches; with the threshold at 0 every grid goes that way, at
+    # a huge one none does. The counts of aligned steps ahead must be the same.
+    context, horizon, available, bound, dp = case
+    lowest, highest, _ = context.window()
+    sizes = list(range(lowest, highest + 1))
+    by_rows = BoundJudge(bound, dp, tunables=replace(DEFAULT_TUNABLES, range_judge_cells=0))
+    by_cells = BoundJudge(bound, dp, tunables=replace(DEFAULT_TUNABLES, range_judge_cells=1 << 60))
+    assert (future_alignment(by_rows, available, context, sizes, horizon)
+            == future_alignment(by_cells, available, context, sizes, horizon))
+    rows = onward_alignment(by_rows, available, context, sizes, horizon)
+    cells = onward_alignment(by_cells, available, context, sizes, horizon)
+    assert (rows is None) == (cells is None)
+    if rows is not None and cells is not None:
+        assert rows.best.tolist() == cells.best.tolist()

@@ -12,6 +12,13 @@ A `SegmentJudge` says whether each segment packs into a multiple of dp (at least
 `BoundJudge` judges by the bound, element-wise (it takes whole (boundary, next boundary) grids
 and remembers them across steps); `PairJudge` wraps any pair-by-pair test, such as real packer
 counts.
+
+The bound of ``[start, end)`` never decreases as ``end`` grows (every term is a count over the
+segment). So along one start and increasing ends, the ends whose bound is one given multiple of
+dp form one run; `BoundJudge.best_in_ranges` finds each run's edges by a sorted search per
+term of the bound (`SegmentBound.reaching`; by bisection when own-bin examples add to the
+largest term) instead of judging every end, and answers the lookahead's question (the best of
+``aligns + value`` over a range of ends) from a range-maximum table of the values.
 """
 
 from __future__ import annotations
@@ -62,6 +69,43 @@ class SegmentBound:
         bound += self._own[ends]
         bound -= self._own[starts]
         return bound
+
+    def reaching(self, ends: np.ndarray) -> Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+        """``first(starts, low, high, target)``: for each i, the first j in [low[i], high[i])
+        whose bound on [starts[i], ends[j]) is at least target[i] >= 1, or high[i] if none.
+        ``ends`` must be non-decreasing (the bound then is too along each start)."""
+        if self._own[-1] != 0:
+            def bisect(starts: np.ndarray, low: np.ndarray, high: np.ndarray,
+                       target: np.ndarray) -> np.ndarray:
+                low, high = low.copy(), high.copy()
+                while True:  # bisection over the rising bound
+                    open_ = np.flatnonzero(low < high)
+                    if open_.size == 0:
+                        return low
+                    mid = (low[open_] + high[open_]) // 2
+                    reached = self(starts[open_], ends[mid]) >= target[open_]
+                    high[open_] = np.where(reached, mid, high[open_])
+                    low[open_] = np.where(reached, low[open_], mid + 1)
+            return bisect
+        # Without own-bin examples the bound is the largest of its terms, so it reaches the
+        # target where its first term does; each term is a prefix-sum difference, found by
+        # one sorted search along the ends.
+        capacity = self.capacity
+        tokens, tokens_at = self._tokens, self._tokens[ends]
+        crowded = [(per_bin, counts, counts[ends]) for per_bin, counts in self._crowded]
+
+        def first(starts: np.ndarray, low: np.ndarray, high: np.ndarray,
+                  target: np.ndarray) -> np.ndarray:
+            above = target.astype(np.int64) - 1
+            # ceil((T[e] - T[s]) / C) >= X exactly when T[e] > T[s] + (X - 1) C.
+            found = np.searchsorted(tokens_at, tokens[starts] + above * capacity, side="right")
+            for per_bin, counts, counts_at in crowded:
+                # ceil(n / t) >= X exactly when n >= (X - 1) t + 1.
+                reach = np.searchsorted(counts_at, counts[starts] + (above * per_bin + 1),
+                                        side="left")
+                np.minimum(found, reach, out=found)
+            return np.clip(found, low, high)
+        return first
 
     def prefixes(self, highest: int) -> np.ndarray:
         """lb[k] = the bound on the first k examples, k = 0..highest (lb[0] = 0)."""
@@ -120,6 +164,67 @@ class BoundJudge:
         else:
             grids.move_to_end(key)
         return grid
+
+    def by_ranges(self, rows: int, columns: int) -> bool:
+        """Judge a grid this large row by row (`best_in_ranges`) rather than cell by cell?"""
+        return rows * columns > self.tunables.range_judge_cells
+
+    def best_in_ranges(self, starts: np.ndarray, ends: np.ndarray, low: np.ndarray,
+                       high: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """For each ``starts[i]``: the largest ``aligns(start, ends[j]) + values[j]`` over
+        ``low[i] <= j < high[i]``, or -1 where that range is empty.
+
+        ``ends`` must be strictly increasing. The same numbers as judging the whole
+        (start, end) grid, from a few sorted searches per row and multiple of dp that the
+        row's bounds span.
+        """
+        dp = self.dp
+        out = np.full(starts.shape, -1, dtype=np.int64)
+        rows = np.flatnonzero(high > low)
+        if rows.size == 0:
+            return out
+        table = range_max_table(values)
+        s, lo, hi = starts[rows], low[rows], high[rows]
+        best = range_max(table, lo, hi)
+        # The bound along each row rises with the end: the multiples of dp it can meet lie
+        # between its values at the range's two edges.
+        multiple = np.maximum(-(-self.bound(s, ends[lo]) // dp), 1) * dp
+        last = self.bound(s, ends[hi - 1])
+        reach = self.bound.reaching(ends)
+        while True:
+            live = np.flatnonzero(multiple <= last)
+            if live.size == 0:
+                break
+            ls, llo, lhi, target = s[live], lo[live], hi[live], multiple[live]
+            # The ends whose bound is exactly ``target``: from the first at or above it to the
+            # first above it.
+            begin = reach(ls, llo, lhi, target)
+            stop = reach(ls, begin, lhi, target + 1)
+            hit = stop > begin
+            if hit.any():
+                index = live[hit]
+                best[index] = np.maximum(best[index], range_max(table, begin[hit], stop[hit]) + 1)
+            multiple[live] += dp
+        out[rows] = best
+        return out
+
+
+def range_max_table(values: np.ndarray) -> np.ndarray:
+    """Sparse table: row k holds the maximum of each window of 2**k values starting there
+    (padded at the end to the values' length; queries never read the padding)."""
+    table = [values]
+    width = 1
+    while 2 * width <= len(values):
+        last = table[-1]
+        table.append(np.concatenate((np.maximum(last[:-width], last[width:]), last[-width:])))
+        width *= 2
+    return np.stack(table)
+
+
+def range_max(table: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """max(values[low:high]) for each non-empty range (two overlapping power-of-2 windows)."""
+    level = np.frexp(high - low)[1] - 1  # floor(log2(span)), exact for integers below 2**53
+    return np.maximum(table[level, low], table[level, high - np.left_shift(1, level)])
 
 
 class PairJudge:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from megatron_packing.packing.planner.bounds import SegmentJudge
+from megatron_packing.packing.planner.bounds import BoundJudge, SegmentJudge
 from megatron_packing.packing.planner.window import STEP_EPOCH_TAIL, STEP_NORMAL, StepContext
 
 
@@ -86,9 +86,25 @@ def boundary_layers(context: StepContext, first_size: int, horizon: int, availab
 
 def best_onward(offsets: np.ndarray, positions: np.ndarray, following: Layer,
                 best_after: np.ndarray, judge: SegmentJudge, v: int) -> np.ndarray:
-    """Most aligned steps from each boundary, over the step to ``following`` and on (-1: none)."""
+    """Most aligned steps from each boundary, over the step to ``following`` and on (-1: none).
+
+    The bound's judge answers a large grid row by row (`BoundJudge.best_in_ranges`): each
+    row's valid next boundaries are one run of them."""
     # A step takes at least one example, and its size B + (offset change) stays within
     # B +- v, so consecutive offsets differ by at most v (the tail takes what is left).
+    ends = following.positions
+    if (isinstance(judge, BoundJudge) and judge.by_ranges(positions.size, ends.size)
+            and bool((np.diff(ends) > 0).all())
+            and (following.tail or bool((np.diff(following.offsets) > 0).all()))):
+        # Each row's valid next boundaries are one run of columns: after the row's position,
+        # and (before the epoch's end) with an offset within v of the row's.
+        low = np.searchsorted(ends, positions + 1, side="left")
+        if following.tail:
+            high = np.full(positions.shape, ends.size, dtype=np.int64)
+        else:
+            low = np.maximum(low, np.searchsorted(following.offsets, offsets - v, side="left"))
+            high = np.searchsorted(following.offsets, offsets + v, side="right")
+        return judge.best_in_ranges(positions, ends, low, high, best_after)
     valid = following.positions[None, :] - positions[:, None] >= 1
     if not following.tail:
         valid &= np.abs(following.offsets[None, :] - offsets[:, None]) <= v

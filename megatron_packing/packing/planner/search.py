@@ -7,7 +7,9 @@ Two strategies behind one interface (`SizeSearch.search(problem) -> SearchResult
   same choice as packing every size and every (size, next boundary) segment, but a segment is
   packed only while its result could still change the choice.
 - `BoundedSearch` (larger windows): packs sizes in the bound's order (`search_order`), at most
-  a budget of them, and takes the first that aligns.
+  a budget of them, and takes the first that aligns. It plans ahead by the bound alone and
+  packs in the bound's tiers, so it can take an aligning size the exact search ranks lower
+  (fewer aligned steps ahead, or tokens further from the anchor).
 
 `choose_search` says which applies to a window.
 """
@@ -88,13 +90,27 @@ def search_budget(tunables: PlannerTunables, lowest: int, highest: int) -> int |
     return tunables.max_packs
 
 
+def covers(budget: int | None, lowest: int, highest: int) -> bool:
+    """Does the budget let the search pack every size of the window?"""
+    return budget is None or budget >= highest - lowest + 1
+
+
 def searches_exactly(tunables: PlannerTunables, lowest: int, highest: int) -> bool:
     """Plan ahead with real packer counts? Only when the whole window is searched anyway."""
     sizes = highest - lowest + 1
     # The next step's segments run from each candidate boundary to each boundary after it:
     # about sizes^2 segments of up to highest examples each (memoised across steps).
-    return (search_budget(tunables, lowest, highest) is None
+    return (covers(search_budget(tunables, lowest, highest), lowest, highest)
             and sizes * sizes * highest <= tunables.exact_lookahead_examples)
+
+
+def choose_search(setting: SearchSetting, lowest: int, highest: int) -> SizeSearch:
+    """The search a window gets: exact wherever it is affordable (`searches_exactly`), so the
+    bounded one, which can take a size the exact one ranks lower, never runs on such a window;
+    bounded otherwise, with the window's budget."""
+    if searches_exactly(setting.tunables, lowest, highest):
+        return ExactSearch(setting)
+    return BoundedSearch(setting, search_budget(setting.tunables, lowest, highest))
 
 
 def promising(bound: int, dp: int, slack: int) -> bool:

@@ -23,14 +23,12 @@ from megatron_packing.packing.planner.deferral import DeferralSearch
 from megatron_packing.packing.planner.lookahead import future_alignment
 from megatron_packing.packing.planner.padding import fewest_padding_size, rank_padded
 from megatron_packing.packing.planner.search import (
-    BoundedSearch,
-    ExactSearch,
     Grids,
     SearchProblem,
     SearchSetting,
     SizeSearch,
+    choose_search,
     search_budget,
-    searches_exactly,
 )
 from megatron_packing.packing.planner.segments import Bins, SegmentPacker
 from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES, PlannerTunables
@@ -91,11 +89,8 @@ class StepSizer:
         return SegmentBound(aligned, self.capacity)
 
     def search_for(self, lowest: int, highest: int) -> SizeSearch:
-        """The search strategy a window gets: exact when small, bounded otherwise."""
-        budget = search_budget(self.tunables, lowest, highest)
-        if budget is None and searches_exactly(self.tunables, lowest, highest):
-            return ExactSearch(self.setting)
-        return BoundedSearch(self.setting, budget)
+        """The search strategy a window gets (`search.choose_search`)."""
+        return choose_search(self.setting, lowest, highest)
 
     def decide(self, lengths: np.ndarray, aligned: np.ndarray, context: StepContext,
                forced: int = 0) -> SizingDecision:
