@@ -57,6 +57,10 @@ REFUSED = sorted((dest, rule) for dest, rule in POLICY.items()
 @requires_megatron_lm
 @pytest.mark.parametrize(("dest", "rule"), REFUSED, ids=[dest for dest, _ in REFUSED])
 def test_every_refused_argument_is_refused_through_the_real_parser(dest, rule):
+    from megatron_packing.megatron_lm.argument_policy import megatron_defaults
+
+    if dest not in megatron_defaults():  # the policy covers 0.16.1's and 0.19's arguments
+        pytest.skip(f"{dest} is not an argument of this Megatron-LM release")
     args = megatron_args([*MODEL_ARGS, *REQUIRED, *rule.sample])
     with pytest.raises(MegatronArgumentError) as refused:
         check_megatron_arguments(args)
