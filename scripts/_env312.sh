@@ -20,7 +20,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 if [ ! -f "$STAMP" ]; then
-  echo "installing megatron_packing (Python 3.12, megatron-core 0.19) into $VENV (about 2 minutes, 4.8 GB)..."
+  echo "installing megatron_packing (Python 3.12, megatron-core 0.19) into $VENV (about 5 minutes, 5.5 GB: torch's CUDA build)..."
   if ! "$VENV/bin/python" -m pip install -c "$ROOT/constraints-py312.txt" -e "$ROOT[test]" \
       > "$VENV/install.log" 2>&1; then
     grep -v "WARNING: Location" "$VENV/install.log" | tail -n 40
