@@ -5,6 +5,9 @@ megatron-core assumes CUDA in a few spots that a tiny CPU model still reaches:
 1. ``model_parallel_cuda_manual_seed`` needs CUDA, so the tensor-parallel RNG tracker is
    initialised directly instead.
 2. Some layers ask ``torch.cuda.current_device()`` for a device; it is answered with ``"cpu"``.
+   megatron-core 0.19's DDP grad sync also asks ``torch.cuda.current_stream()`` (to wait for
+   CUDA-graph events); it is answered with a stand-in whose waits do nothing, since CPU work
+   is already ordered (a CUDA build of torch on a machine without a GPU would fail there).
 3. The schedules allocate their token counter with ``device="cuda"``, and the megatron-core
    optimizers (``get_megatron_optimizer``, ``step()``, gradient clipping) allocate their loss
    scale, overflow flags and norms the same way; `cuda_factories_on_cpu` redirects tensor
@@ -66,11 +69,29 @@ def apply_cpu_workarounds() -> None:
 
     torch.cuda.current_device = _cpu_current_device  # type: ignore[assignment]
     torch.cuda.synchronize = _nothing_to_wait_for
+    torch.cuda.current_stream = _cpu_current_stream  # type: ignore[assignment]
     tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
 
 
 def _cpu_current_device() -> str:
     return "cpu"
+
+
+class _CpuStream:
+    """What megatron-core asks of the current stream on CPU: waits that have nothing to wait for."""
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+def _cpu_current_stream(device: Any = None) -> _CpuStream:
+    return _CpuStream()
 
 
 class _CudaFactoriesOnCpu(TorchFunctionMode):

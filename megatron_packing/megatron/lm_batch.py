@@ -238,8 +238,11 @@ def batch_for_cp_rank(batch: Mapping[str, Any], cp_size: int, cp_rank: int
     Token-level tensors are sliced along the sequence (dim 1) with `cp_partition_indices`;
     ``attention_mask`` and the boundaries are kept whole, since they describe the FULL row, as
     TE's THD context-parallel attention expects. CUDA tensors with Transformer Engine present go
-    through megatron-core's ``get_thd_batch_on_this_cp_rank`` instead (same convention).
+    through megatron-core 0.16's ``get_thd_batch_on_this_cp_rank`` instead (same convention;
+    0.19 has no such function with explicit sizes, `compat.thd_cp_slicer`).
     """
+    from megatron_packing.megatron.compat import thd_cp_slicer
+
     out = dict(batch)
     if cp_size == 1 and cp_rank == 0:
         return out
@@ -248,11 +251,10 @@ def batch_for_cp_rank(batch: Mapping[str, Any], cp_size: int, cp_rank: int
     if int(cu_padded[-1]) != total:
         raise ValueError(f"cu_seqlens_padded ends at {int(cu_padded[-1])} but the row holds "
                          f"{total} tokens; CP slicing needs them equal")
-    if _te_cp_available(batch):
-        from megatron.core.utils import get_thd_batch_on_this_cp_rank
-
+    slicer = thd_cp_slicer() if _te_cp_available(batch) else None
+    if slicer is not None:
         sliced = {k: v for k, v in batch.items() if k not in _UNSLICED_KEYS}
-        sliced, _ = get_thd_batch_on_this_cp_rank(
+        sliced, _ = slicer(
             sliced, batch["cu_seqlens"].reshape(-1), cu_padded, batch["max_seqlen"].reshape(-1),
             cp_size=cp_size, cp_rank=cp_rank)
         out.update(sliced)

@@ -48,8 +48,17 @@ def packed_seq_params(source: PackedMicroBatch | Mapping[str, Any],
     int or a one-element int32 tensor, as in `lm_batch.to_megatron_lm_batch`) and optionally
     ``cu_seqlens_padded`` (default: the real boundaries). Boundaries become 1-D int32, the
     shape TE reads, on ``device`` (default: the current CUDA device if any, else the CPU).
+
+    Where this megatron-core's `PackedSeqParams` has them (0.19), the row-level fields are
+    filled too: ``total_tokens`` is the row's length T (the last padded boundary), from which
+    megatron-core derives ``seq_idx`` (each token's padded-segment index, for Mamba);
+    ``tokens_per_sample`` is T as well (one row per micro-batch, so the MoE sequence-level aux
+    loss sees the row as one sample); ``pad_between_seqs`` says whether any sequence carries
+    alignment padding (the real and padded boundaries differ), which TE's THD attention needs.
     """
     from megatron.core.packed_seq_params import PackedSeqParams
+
+    from megatron_packing.megatron.compat import packed_seq_params_fields
 
     if isinstance(source, PackedMicroBatch):
         cu, cu_padded, max_seqlen = source.cu_seqlens, source.cu_seqlens_padded, source.max_seqlen
@@ -61,12 +70,20 @@ def packed_seq_params(source: PackedMicroBatch | Mapping[str, Any],
         padded = source.get("cu_seqlens_padded")
         cu_padded = cu if padded is None else padded
     device = default_device() if device is None else device
-    cu = cu.reshape(-1).to(device=device, dtype=torch.int32)
-    cu_padded = cu_padded.reshape(-1).to(device=device, dtype=torch.int32)
+    cu = cu.reshape(-1)
+    cu_padded = cu_padded.reshape(-1)
     if cu.numel() != cu_padded.numel():
         raise ValueError(f"cu_seqlens has {cu.numel()} entries, cu_seqlens_padded "
                          f"{cu_padded.numel()}: they must match")
     longest = _as_int(max_seqlen, "max_seqlen")
+    row_fields: dict[str, Any] = {}
+    if "total_tokens" in packed_seq_params_fields():  # megatron-core 0.19
+        total = int(cu_padded[-1]) if cu_padded.numel() else 0
+        row_fields = {"total_tokens": total, "tokens_per_sample": total,
+                      "pad_between_seqs": not torch.equal(cu.to(torch.int64),
+                                                          cu_padded.to(torch.int64))}
+    cu = cu.to(device=device, dtype=torch.int32)
+    cu_padded = cu_padded.to(device=device, dtype=torch.int32)
     return PackedSeqParams(
         qkv_format="thd",
         cu_seqlens_q=cu,
@@ -75,6 +92,7 @@ def packed_seq_params(source: PackedMicroBatch | Mapping[str, Any],
         cu_seqlens_kv_padded=cu_padded,
         max_seqlen_q=longest,
         max_seqlen_kv=longest,
+        **row_fields,
     )
 
 

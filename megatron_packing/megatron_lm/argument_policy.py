@@ -343,6 +343,92 @@ POLICY: dict[str, Honoured | Refused] = {
         "micro-batch count to divide by the pipeline size on every step; use the plain 1F1B "
         "pipeline (drop the virtual pipeline arguments)",
         ("--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "2")),
+    # ---- read by megatron-core 0.19's loop (arguments 0.16.1 does not have, or does not read)
+    "tensor_model_parallel_size": Honoured(
+        "each TP group shares a DP rank's plan; rows align to tp",
+        _PARALLEL + "test_tp2_and_cp2_reproduce_the_single_process_run"),
+    "context_parallel_size": Honoured(
+        "each CP group shares a DP rank's plan; sequences align to 2 x tp x cp",
+        _PARALLEL + "test_tp2_and_cp2_reproduce_the_single_process_run"),
+    "cuda_graph_scope_deprecated": Refused("--cuda-graph-scope: CUDA graphs are not supported; "
+                                           "remove it", ("--cuda-graph-scope", "full_iteration")),
+    "cuda_graph_modules": Refused("--cuda-graph-modules: CUDA graphs are not supported; remove it",
+                                  ("--cuda-graph-modules", "attn")),
+    "eval_global_batch_size": Refused(
+        "--eval-global-batch-size: validation steps take --global-batch-size examples from the "
+        "validation loader; remove it", ("--eval-global-batch-size", "32")),
+    "eval_micro_batch_size": Refused(
+        "--eval-micro-batch-size: one validation micro-batch is one packed row; remove it",
+        ("--eval-micro-batch-size", "2")),
+    "start_eval_at_iter": Refused(
+        "--start-eval-at-iter: the packing loop validates every --eval-interval iterations from "
+        "the start; remove it", ("--start-eval-at-iter", "4")),
+    "validation_set_names": Refused(
+        "--validation-set-names: the packing loop validates on data.valid_paths as one set; "
+        "remove it", ("--validation-set-names", "a")),
+    "freeze_all_layers": Refused("--freeze-all-layers: not supported by the packing loop; "
+                                 "remove it", ("--freeze-all-layers",)),
+    "gpu_sniff_test_interval": Refused("--gpu-sniff-test-interval: the GPU sniff test is not "
+                                       "run by the packing loop; remove it",
+                                       ("--gpu-sniff-test-interval", "2")),
+    "hybrid_layer_pattern": Refused("--hybrid-layer-pattern: hybrid (Mamba) models are not "
+                                    "trained by the packing loop, which trains GPT models; "
+                                    "remove it", ("--hybrid-layer-pattern", "M*")),
+    "moe_expert_rank_capacity_factor": Refused(
+        "--moe-expert-rank-capacity-factor: not supported by the packing loop; remove it",
+        ("--moe-expert-rank-capacity-factor", "1.5")),
+    "moe_routing_trace_path": Refused("--moe-routing-trace-path: MoE routing traces are not "
+                                      "supported by the packing loop; remove it",
+                                      ("--moe-routing-trace-path", "trace")),
+    "moe_routing_trace_capture_hidden_states": Refused(
+        "--moe-routing-trace-capture-hidden-states: MoE routing traces are not supported; "
+        "remove it", ("--moe-routing-trace-capture-hidden-states",)),
+    "moe_routing_trace_capture_logits": Refused(
+        "--moe-routing-trace-capture-logits: MoE routing traces are not supported; remove it",
+        ("--moe-routing-trace-capture-logits",)),
+    "moe_routing_trace_dump_weights": Refused(
+        "--moe-routing-trace-dump-weights: MoE routing traces are not supported; remove it",
+        ("--moe-routing-trace-dump-weights",)),
+    "moe_routing_trace_max_training_iters": Refused(
+        "--moe-routing-trace-max-training-iters: MoE routing traces are not supported; "
+        "remove it", ("--moe-routing-trace-max-training-iters", "2")),
+    "nccl_ub": Refused("--use-nccl-ub: NCCL user buffers are not tested with the packing loop; "
+                       "remove it", ("--use-nccl-ub",)),
+    "nvtx_ranges": Refused("--nvtx-ranges: not supported by the packing loop; profile with nsys "
+                           "around the whole job", ("--nvtx-ranges",)),
+    "optimizer_cuda_graph": Refused("--optimizer-cuda-graph: CUDA graphs are not supported; "
+                                    "remove it", ("--optimizer-cuda-graph",)),
+    "pytorch_profiler_collect_callstack": Refused(
+        "--pytorch-profiler-collect-callstack: --profile is not supported; remove it",
+        ("--pytorch-profiler-collect-callstack",)),
+    "pytorch_profiler_collect_chakra": Refused(
+        "--pytorch-profiler-collect-chakra: --profile is not supported; remove it",
+        ("--pytorch-profiler-collect-chakra",)),
+    "pytorch_profiler_collect_shapes": Refused(
+        "--pytorch-profiler-collect-shapes: --profile is not supported; remove it",
+        ("--pytorch-profiler-collect-shapes",)),
+    "record_shapes": Refused("--record-shapes: --profile is not supported; remove it",
+                             ("--record-shapes",)),
+    "rl_offload_inference_model_weights_when_idle": Refused(
+        "--rl-offload-inference-model-weights-when-idle: an RL option; remove it",
+        ("--rl-offload-inference-model-weights-when-idle",)),
+    "rl_offload_optimizer_during_inference": Refused(
+        "--rl-offload-optimizer-during-inference: an RL option; remove it",
+        ("--rl-offload-optimizer-during-inference",)),
+    "rl_profile": Refused("--rl-profile: an RL option; remove it", ("--rl-profile",)),
+    "rl_profile_dir": Refused("--rl-profile-dir: an RL option; remove it",
+                              ("--rl-profile-dir", "prof")),
+    "save_activations_interval": Refused("--save-activations-interval: not supported by the "
+                                         "packing loop; remove it",
+                                         ("--save-activations-interval", "2")),
+    "save_params_interval": Refused("--save-params-interval: not supported by the packing loop; "
+                                    "remove it", ("--save-params-interval", "2")),
+    "save_tokens_per_expert_interval": Refused(
+        "--save-tokens-per-expert-interval: not supported by the packing loop; remove it",
+        ("--save-tokens-per-expert-interval", "2")),
+    "step_batch_size_schedule": Refused(
+        "--step-batch-size-schedule: the packing loop already varies the batch per step and "
+        "cannot follow a schedule; remove it", ("--step-batch-size-schedule", "0:16")),
 }
 
 
@@ -372,9 +458,22 @@ def refusals(args: Any) -> list[str]:
             and rule.applies(getattr(args, dest), defaults.get(dest))]
 
 
+def rule_flag(dest: str, rule: Honoured | Refused) -> str:
+    """The option a rule is about: this Megatron-LM's own, or for an argument the installed
+    release lacks (each supported release has a few the other has not), the one a refusal's
+    message starts with, else ``--`` and the destination with dashes. The table is then the
+    same whichever supported release is installed."""
+    flag = megatron_flags().get(dest)
+    if flag is not None:
+        return flag
+    if isinstance(rule, Refused) and rule.message.startswith("--"):
+        return rule.message.split(":")[0].split()[0]
+    return "--" + dest.replace("_", "-")
+
+
 def policy_table() -> str:
-    """The Markdown table of `POLICY`, as ``docs/megatron_lm.md`` carries it."""
-    flags = megatron_flags()
+    """The Markdown table of `POLICY`, as ``docs/megatron_lm.md`` carries it: one row per
+    argument of either supported Megatron-LM release (0.16.1 or 0.19), whichever is installed."""
     lines = ["| argument | with the packing loop |", "|---|---|"]
     for dest in sorted(POLICY):
         rule = POLICY[dest]
@@ -382,7 +481,7 @@ def policy_table() -> str:
             text = f"honoured: {rule.how} (`{rule.test.split('::')[-1]}`)"
         else:
             text = f"refused at start-up: {rule.message}"
-        lines.append(f"| `{flags.get(dest, dest)}` | {text.replace('|', '/')} |")
+        lines.append(f"| `{rule_flag(dest, rule)}` | {text.replace('|', '/')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -39,6 +39,13 @@ def add_packing_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     group.add_argument("--packing-budget-check-interval", type=int, default=1, metavar="STEPS",
                        help="read the budget control file every this many steps (each check is "
                             "two small all-reduces)")
+    group.add_argument("--packing-model-provider", default="auto",
+                       choices=("auto", "megatron-lm", "project"),
+                       help="the GPT model builder: `megatron-lm` (a Megatron-LM checkout's "
+                            "model_provider + gpt_builders on PYTHONPATH), `project` "
+                            "(megatron_packing's, from megatron-core's layer specs; no checkout "
+                            "needed with megatron-core 0.19) or `auto` (the checkout's when "
+                            "importable, else the project's)")
     return parser
 
 
@@ -46,16 +53,17 @@ class MegatronArgumentError(ValueError):
     """A Megatron-LM argument the packing loop cannot honour; the message says what to use."""
 
 
-def check_megatron_arguments(args: Any) -> None:
+def check_megatron_arguments(args: Any, *, extra: list[str] | None = None) -> None:
     """Refuse, before anything is built, every Megatron-LM setting the packing loop cannot honour.
 
     ``args`` is what Megatron's parser returns (before its own validation fills derived values,
     so virtual pipeline stages are read from the arguments that ask for them). The rules are
-    `megatron_packing.megatron_lm.argument_policy.POLICY`.
+    `megatron_packing.megatron_lm.argument_policy.POLICY`; ``extra`` adds the model provider's
+    refusals (`megatron_packing.megatron_lm.model.provider_refusals`).
     """
     from megatron_packing.megatron_lm.argument_policy import refusals
 
-    problems = refusals(args)
+    problems = refusals(args) + list(extra or [])
     if getattr(args, "num_experts", None) and not moe_router_runs():
         problems.append(
             "--num-experts: this megatron-core's MoE router calls Transformer Engine's GEMM "

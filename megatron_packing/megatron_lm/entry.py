@@ -1,7 +1,8 @@
 """``python -m megatron_packing.megatron_lm``: packed, DP-aligned SFT with Megatron-LM's machinery.
 
-Run it like ``pretrain_gpt.py``, from a Megatron-LM checkout (its folder on ``PYTHONPATH``),
-under ``torchrun``, with the usual Megatron arguments plus ``--packing-config train.yaml``:
+Run it like ``pretrain_gpt.py``, under ``torchrun``, with the usual Megatron arguments plus
+``--packing-config train.yaml``. With megatron-core 0.19 it runs from the wheel's
+``megatron.training``; with 0.16, from a Megatron-LM checkout (its folder on ``PYTHONPATH``):
 
     torchrun --nproc-per-node 8 -m megatron_packing.megatron_lm \\
         --packing-config sft.yaml --calculate-per-token-loss --micro-batch-size 1 \\
@@ -9,7 +10,8 @@ under ``torchrun``, with the usual Megatron arguments plus ``--packing-config tr
         parallelism, --save / --load, --tensorboard-dir, --wandb-project as usual)
 
 Megatron-LM builds everything but the data and the step loop: ``initialize_megatron``, the GPT
-model provider (``model_provider`` + ``gpt_builders``), ``setup_model_and_optimizer`` (DDP,
+model (a checkout's ``model_provider`` + ``gpt_builders``, or the library's provider from
+megatron-core's layer specs: `megatron_packing.megatron_lm.model`), ``setup_model_and_optimizer`` (DDP,
 distributed optimizer, ``--load``), ``save_checkpoint`` and its writers. The loop is
 `megatron_packing.megatron_lm.loop.train`.
 """
@@ -18,11 +20,11 @@ from __future__ import annotations
 
 import sys
 import time
-from functools import partial
 from typing import Any
 
 from megatron_packing.config import ConfigError
 from megatron_packing.config.training import DataConfig
+from megatron_packing.megatron import compat
 from megatron_packing.megatron.step_accounting import examples_the_run_trains
 from megatron_packing.megatron.train_stream import TrainStream
 from megatron_packing.megatron_lm.arguments import (
@@ -37,6 +39,9 @@ from megatron_packing.megatron_lm.data import restore_loader_state
 from megatron_packing.megatron_lm.schedule import schedule_in_examples
 
 _PROGRAM_START = time.time()
+
+# A megatron-core outside the supported range ends the process here, naming both (no traceback).
+compat.refuse_unsupported_megatron_core()
 
 
 def read_packing_yaml(path: str) -> tuple[dict[str, Any], set[str], DataConfig]:
@@ -91,23 +96,28 @@ def main(argv: list[str] | None = None, *, program_start: float | None = None) -
     """
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
+    import_megatron_training()
     from megatron.core import parallel_state as ps
     from megatron.core.enums import ModelType
     from megatron.training import get_args, print_rank_0
-    from megatron.training.arguments import parse_args
-    from megatron.training.initialize import initialize_megatron
-    from megatron.training.training import set_startup_timestamps, setup_model_and_optimizer
+    from megatron.training.training import set_startup_timestamps
 
     from megatron_packing.loader.dataloader import build_sft_dataloader
     from megatron_packing.megatron.cpu_workarounds import cpu_only, megatron_optimizer_compat
+    from megatron_packing.megatron_lm import model as gpt
     from megatron_packing.megatron_lm.evaluation import Validation
     from megatron_packing.megatron_lm.forward import make_forward_step
     from megatron_packing.megatron_lm.loop import Loop
 
     set_startup_timestamps(program_start=_PROGRAM_START if program_start is None
                            else program_start)
-    check_megatron_arguments(parse_args(extra_args_provider=add_packing_arguments))
-    initialize_megatron(extra_args_provider=add_packing_arguments, allow_no_cuda=cpu_only())
+    provider: list[str] = []
+
+    def check(parsed: Any) -> None:
+        provider.append(gpt.chosen_provider(parsed.packing_model_provider))
+        check_megatron_arguments(parsed, extra=gpt.provider_refusals(parsed, provider[0]))
+
+    compat.parse_and_initialize(add_packing_arguments, allow_no_cuda=cpu_only(), check=check)
     args = get_args()
     dp_size = ps.get_data_parallel_world_size()
     dp_rank = ps.get_data_parallel_rank()
@@ -129,9 +139,6 @@ def main(argv: list[str] | None = None, *, program_start: float | None = None) -
                                       packing.global_batch_size,
                                       explicit=_given("--eval-iters", sys.argv[1:]))
 
-    from gpt_builders import gpt_builder
-    from model_provider import model_provider
-
     loader = build_sft_dataloader(train_ds, packing, dp_rank=dp_rank, dp_size=dp_size,
                                   seed=packing.seed, total_steps=args.train_iters,
                                   num_workers=args.packing_num_workers)
@@ -140,9 +147,11 @@ def main(argv: list[str] | None = None, *, program_start: float | None = None) -
     checkpointing_context: dict[str, Any] = {}
     # CPU only: the optimizer's CUDA type names (bf16 too); the schedule in examples.
     with megatron_optimizer_compat(), schedule_in_examples(args, total) as resized:
-        model, optimizer, scheduler = setup_model_and_optimizer(
-            partial(model_provider, gpt_builder), ModelType.encoder_or_decoder,
-            checkpointing_context=checkpointing_context)
+        model, optimizer, scheduler = compat.setup_model_and_optimizer(
+            gpt.model_provider_for(provider[0]), ModelType.encoder_or_decoder,
+            checkpointing_context)
+    print_rank_0(f"> GPT model from {_PROVIDER_TEXT[provider[0]]}; megatron-core "
+                 f"{compat.version_text(compat.megatron_core_version())}")
     print_rank_0(f"> the run trains {total} examples over {args.train_iters} iterations"
                  + (f" ({len(loader)} steps per epoch); the LR schedule is sized to them"
                     if resized else ""))
@@ -173,6 +182,23 @@ def main(argv: list[str] | None = None, *, program_start: float | None = None) -
     loop = Loop(model, optimizer, scheduler, stream, forward_step, dp_size, packing.pad_token_id,
                 validation, checkpointing_context, width_multiple)
     return _run(args, loop)
+
+
+_PROVIDER_TEXT = {"megatron-lm": "Megatron-LM's model_provider + gpt_builders (checkout)",
+                  "project": "megatron_packing's provider (megatron-core layer specs)"}
+
+
+def import_megatron_training() -> None:
+    """Import ``megatron.training``, or fail naming what to install or put on ``PYTHONPATH``."""
+    import importlib
+
+    try:
+        importlib.import_module("megatron.training.training")
+    except ModuleNotFoundError as error:
+        if not (error.name or "").startswith("megatron.training"):
+            raise
+        raise ConfigError(compat.missing_training_message(compat.megatron_core_version())
+                          ) from error
 
 
 def run(argv: list[str] | None = None, *, program_start: float | None = None) -> int:

@@ -1,8 +1,8 @@
 """One packed row through a megatron-core model inside Megatron-LM's schedules.
 
 On GPUs with Transformer Engine the row goes in as THD with `PackedSeqParams`; with context
-parallelism megatron-core's ``get_thd_batch_on_this_cp_rank`` hands each CP rank its
-load-balanced share of every sequence. Where attention cannot read THD metadata (CPU, or the
+parallelism each CP rank takes its load-balanced share of every sequence (megatron-core 0.16's
+``get_thd_batch_on_this_cp_rank``; with 0.19 the library's split of the same convention). Where attention cannot read THD metadata (CPU, or the
 local attention on a GPU without Transformer Engine), the row goes in whole with the exact
 block-diagonal causal mask, and with CP each rank trains only the tokens of its CP share (the
 same positions the GPU path would give it), so the DP x CP gradient sum is the same gradient.
@@ -83,7 +83,7 @@ def make_forward_step(*, cp_size: int = 1, cp_rank: int = 0, thd: bool | None = 
         if isinstance(mb, PaddedMicroBatch):
             return _forward_padded(mb, model, loss_func, causal_mask_needed=not use_thd)
         if use_thd:
-            return _forward_thd(mb, model, cp_size, loss_func)
+            return _forward_thd(mb, model, cp_size, cp_rank, loss_func)
         return _forward_mask(mb, model, cp_size, cp_rank, loss_func)
 
     return forward_step
@@ -112,9 +112,11 @@ def _forward_mask(mb: PackedMicroBatch, model: Any, cp_size: int, cp_rank: int,
     return output, partial(loss_func, loss_mask.to(device))
 
 
-def _forward_thd(mb: PackedMicroBatch, model: Any, cp_size: int, loss_func: LossFunc
-                 ) -> tuple[torch.Tensor, Any]:
-    from megatron.core.utils import get_thd_batch_on_this_cp_rank
+def _forward_thd(mb: PackedMicroBatch, model: Any, cp_size: int, cp_rank: int,
+                 loss_func: LossFunc) -> tuple[torch.Tensor, Any]:
+    from megatron_packing.megatron.compat import thd_cp_slicer
+    from megatron_packing.megatron.lm_batch import batch_for_cp_rank
+    from megatron_packing.megatron.packed_seq import packed_seq_params
 
     device = torch.device("cuda", torch.cuda.current_device())
     batch = {"tokens": mb.tokens, "labels": mb.labels, "loss_mask": mb.loss_mask,
@@ -123,7 +125,18 @@ def _forward_thd(mb: PackedMicroBatch, model: Any, cp_size: int, loss_func: Loss
     cu_seqlens = mb.cu_seqlens.to(device=device, dtype=torch.int32)
     cu_seqlens_padded = mb.cu_seqlens_padded.to(device=device, dtype=torch.int32)
     max_seqlen = torch.tensor([int(mb.max_seqlen)], dtype=torch.int32)
-    batch, params = get_thd_batch_on_this_cp_rank(batch, cu_seqlens, cu_seqlens_padded, max_seqlen)
+    slicer = thd_cp_slicer()
+    if slicer is not None:  # megatron-core 0.16: its own THD split and PackedSeqParams
+        batch, params = slicer(batch, cu_seqlens, cu_seqlens_padded, max_seqlen,
+                               cp_size=cp_size, cp_rank=cp_rank)
+    else:  # 0.19: the same split (TE's convention); PackedSeqParams with 0.19's row fields
+        params = packed_seq_params({"cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen,
+                                    "cu_seqlens_padded": cu_seqlens_padded}, device)
+        sliced = batch_for_cp_rank({**batch, "cu_seqlens": cu_seqlens,
+                                    "cu_seqlens_padded": cu_seqlens_padded,
+                                    "max_seqlen": max_seqlen}, cp_size, cp_rank)
+        batch = {key: value for key, value in sliced.items()
+                 if key in batch and value is not None}
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
                    packed_seq_params=params)
     return output, partial(loss_func, batch["loss_mask"])

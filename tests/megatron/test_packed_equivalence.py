@@ -39,6 +39,28 @@ def test_thd_packed_seq_params_fields():
     assert row.tokens.shape == (1, 16)
 
 
+def test_thd_packed_seq_params_row_fields_as_this_megatron_core_has_them():
+    """megatron-core 0.19's row-level fields are filled when its PackedSeqParams has them;
+    0.16's PackedSeqParams is built with its own fields only."""
+    from megatron_packing.megatron.compat import packed_seq_params_fields
+
+    row = pack_row([[5, 6, 7], [8, 9], [1, 2, 3, 4, 5]], seq_multiple=4)
+    params = packed_seq_params(row, "cpu")
+    if "total_tokens" not in packed_seq_params_fields():  # megatron-core 0.16
+        assert not hasattr(params, "total_tokens")
+        return
+    assert params.total_tokens == 16  # the row's length, the last padded boundary
+    assert params.tokens_per_sample == 16  # one row is one sample
+    assert params.pad_between_seqs is True  # sequences 0, 1 and 2 carry alignment padding
+    # megatron-core derives seq_idx from total_tokens: each token's padded segment.
+    assert params.seq_idx.tolist() == [[0] * 4 + [1] * 4 + [2] * 8]
+    unpadded = pack_row([[5, 6, 7, 8], [8, 9, 1, 2]], seq_multiple=4)
+    params = packed_seq_params(unpadded, "cpu")
+    assert params.pad_between_seqs is False
+    assert params.total_tokens == params.tokens_per_sample == 8
+    assert params.seq_idx.tolist() == [[0] * 4 + [1] * 4]
+
+
 @pytest.mark.slow
 def test_packed_equals_unpacked_dp2(tmp_path):
     from dp_workers import STEP_SIZES, packed_vs_unpacked

@@ -16,7 +16,7 @@ from megatron_lm_runs import (
     write_sft_yaml,
 )
 
-if SKIP_REASON is None and str(MEGATRON_LM) not in sys.path:
+if SKIP_REASON is None and MEGATRON_LM is not None and str(MEGATRON_LM) not in sys.path:
     sys.path.insert(0, str(MEGATRON_LM))
 
 

@@ -126,8 +126,10 @@ def _patch_context_parallel_attention() -> None:
         return config
 
     arguments.core_transformer_config_from_args = config_from_args
-    import gpt_builders
-
+    try:  # a Megatron-LM checkout's builder imported the name itself
+        import gpt_builders
+    except ImportError:  # no checkout: the library's provider looks it up when it builds
+        return
     if getattr(gpt_builders, "core_transformer_config_from_args", None) is original:
         gpt_builders.core_transformer_config_from_args = config_from_args
 

@@ -1,8 +1,15 @@
-"""Helpers and the shared data fixture for tests that drive Megatron-LM's own training package (tag core_v0.16.1).
+"""Helpers and the shared data fixture for tests that drive Megatron-LM's own training package.
 
-The package is found through ``MEGATRON_LM_PATH`` (a Megatron-LM checkout's root), by default
-``../shared/third_party/megatron-lm`` beside the project. Without it these tests skip, naming
-what is missing.
+Where the package comes from:
+
+* ``MEGATRON_LM_PATH`` set to a Megatron-LM checkout's root: that checkout (its folder goes on
+  ``PYTHONPATH``, so its ``model_provider`` / ``gpt_builders`` build the model);
+* ``MEGATRON_LM_PATH`` set but empty: no checkout; the installed megatron-core's own
+  ``megatron.training`` (0.19 and newer ship it) and the library's GPT provider;
+* unset: the installed megatron-core's ``megatron.training`` when its wheel ships one, else the
+  checkout at ``../shared/third_party/megatron-lm`` beside the project (tag core_v0.16.1).
+
+Without a usable training package these tests skip, naming what is missing.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,12 +31,34 @@ import pytest
 
 PROJECT = Path(__file__).resolve().parents[2]
 DEFAULT_MEGATRON_LM = PROJECT.parent / "shared" / "third_party" / "megatron-lm"
-MEGATRON_LM = Path(os.environ.get("MEGATRON_LM_PATH", DEFAULT_MEGATRON_LM))
 RUN_CPU = Path(__file__).with_name("run_cpu.py")
 
 
+def _installed_training() -> bool:
+    """Whether the installed megatron-core ships ``megatron.training`` (0.19 and newer)."""
+    return any((Path(entry) / "megatron" / "training" / "training.py").is_file()
+               and (Path(entry) / "megatron" / "core" / "package_info.py").is_file()
+               for entry in sys.path if entry)
+
+
+def _checkout() -> Path | None:
+    given = os.environ.get("MEGATRON_LM_PATH")
+    if given is not None:
+        return Path(given) if given else None
+    return None if _installed_training() else DEFAULT_MEGATRON_LM
+
+
+# The Megatron-LM checkout the tests run (None: the installed megatron-core's megatron.training
+# and the library's GPT provider).
+MEGATRON_LM: Path | None = _checkout()
+
+
 def _missing() -> str | None:
-    if not (MEGATRON_LM / "megatron" / "training" / "training.py").is_file():
+    if MEGATRON_LM is None:
+        if not _installed_training():
+            return ("MEGATRON_LM_PATH is empty (no checkout) and the installed megatron-core "
+                    "ships no megatron.training (0.19 and newer do)")
+    elif not (MEGATRON_LM / "megatron" / "training" / "training.py").is_file():
         return (f"Megatron-LM's training package not found at {MEGATRON_LM} "
                 "(set MEGATRON_LM_PATH to a Megatron-LM checkout)")
     for module in ("six", "einops", "triton", "tensorboard"):
@@ -82,8 +112,8 @@ def read_records(log_dir: Path) -> dict[int, list[dict]]:
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(MEGATRON_LM), str(PROJECT),
-                                         env.get("PYTHONPATH", "")])
+    checkout = [] if MEGATRON_LM is None else [str(MEGATRON_LM)]
+    env["PYTHONPATH"] = os.pathsep.join([*checkout, str(PROJECT), env.get("PYTHONPATH", "")])
     env.update(CUDA_DEVICE_MAX_CONNECTIONS="1", OMP_NUM_THREADS="1", WANDB_MODE="disabled",
                PYTHONUNBUFFERED="1")
     return env
@@ -125,6 +155,23 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def drain(proc: subprocess.Popen):
+    """Read ``proc``'s output as it comes (a full pipe would block the ranks' writes: megatron-core
+    0.19 warns far more than 0.16 at start-up); returns the function that gives it all once the
+    process has ended."""
+    chunks: list[str] = []
+    assert proc.stdout is not None
+    reader = threading.Thread(target=lambda: chunks.extend(iter(proc.stdout.readline, "")),
+                              daemon=True)
+    reader.start()
+
+    def collected() -> str:
+        reader.join(timeout=60)
+        return "".join(chunks)
+
+    return collected
+
+
 def launch_and_kill(nproc: int, args: list[str], log_dir: Path, *, kill_when,
                     timeout: float = 240) -> Run:
     """Start the entry point; once ``kill_when(log_dir)``, SIGKILL torchrun and every rank.
@@ -134,6 +181,7 @@ def launch_and_kill(nproc: int, args: list[str], log_dir: Path, *, kill_when,
     proc = subprocess.Popen(torchrun_command(nproc, [*args, "--packing-log-dir", str(log_dir)]),
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
+    output_of = drain(proc)
     deadline = time.monotonic() + timeout
     try:
         while not kill_when(log_dir):
@@ -146,7 +194,8 @@ def launch_and_kill(nproc: int, args: list[str], log_dir: Path, *, kill_when,
         for pid in [proc.pid, *descendants(proc.pid)]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        output = proc.communicate()[0]
+        proc.wait()
+        output = output_of()
     return Run(proc.returncode, output, log_dir, read_records(log_dir))
 
 
@@ -188,6 +237,7 @@ def launch_and_act(nproc: int, args: list[str], log_dir: Path, *, act_when, acti
     proc = subprocess.Popen(torchrun_command(nproc, [*args, "--packing-log-dir", str(log_dir)]),
                             env={**_env(), **(env or {})}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    output_of = drain(proc)
     if started is not None:
         started(proc.pid)
     deadline = time.monotonic() + timeout
@@ -200,13 +250,14 @@ def launch_and_act(nproc: int, args: list[str], log_dir: Path, *, act_when, acti
             elif time.monotonic() > deadline:
                 raise TimeoutError("the run never reached the point to act")
             time.sleep(0.02)
-        output = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0]
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        output = output_of()
     finally:
         if proc.poll() is None:
             for pid in [proc.pid, *descendants(proc.pid)]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            proc.communicate()
+            proc.wait()
     assert acted, "the run ended before the point to act"
     return Run(proc.returncode, output, log_dir, read_records(log_dir))
 

@@ -28,24 +28,33 @@ def run() -> int:
 
 def _params_in_float64() -> None:
     import torch
-    from megatron.training import initialize
+    from megatron.training import arguments, initialize
 
-    validate = initialize.validate_args
+    # megatron-core 0.16 validates inside initialize_megatron, 0.19 in parse_and_validate_args.
+    where = initialize if hasattr(initialize, "validate_args") else arguments
+    validate = where.validate_args
 
     def validate_then_float64(args, defaults=None):
         validate(args, defaults or {})
         args.params_dtype = torch.float64
 
-    initialize.validate_args = validate_then_float64
+    where.validate_args = validate_then_float64
 
-    import model_provider  # Megatron-LM's; the entry point imports its function at start-up
+    def in_float64(build):
+        def build_in_float64(*args, **kwargs):
+            return build(*args, **kwargs).double()
 
-    build = model_provider.model_provider
+        return build_in_float64
 
-    def build_in_float64(*args, **kwargs):
-        return build(*args, **kwargs).double()
+    # Both providers: the entry point looks each up when it builds the model.
+    from megatron_packing.megatron_lm import model
 
-    model_provider.model_provider = build_in_float64
+    model.gpt_model_provider = in_float64(model.gpt_model_provider)
+    try:
+        import model_provider  # a Megatron-LM checkout's
+    except ImportError:
+        return
+    model_provider.model_provider = in_float64(model_provider.model_provider)
 
 
 if __name__ == "__main__":

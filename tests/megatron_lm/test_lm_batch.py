@@ -70,8 +70,13 @@ def test_megatron_lm_batch_through_megatron_thd_path(solo_group):
     ``max_seqlen.dim() == 1``, call ``get_thd_batch_on_this_cp_rank`` (cp = 1 runs on CPU) and
     unpack ``(*batch.values(), packed_seq_params)`` as forward_step does.
     """
-    from megatron.core.utils import get_thd_batch_on_this_cp_rank
+    from megatron_packing.megatron.compat import thd_cp_slicer
 
+    get_thd_batch_on_this_cp_rank = thd_cp_slicer()
+    if get_thd_batch_on_this_cp_rank is None:
+        pytest.skip("megatron-core 0.19 has no get_thd_batch_on_this_cp_rank (core_v0.16.1's "
+                    "pretrain_gpt path); 0.19's PackedSeqParams: tests/megatron/"
+                    "test_packed_equivalence.py")
     row = _padded_row()
     batch = broadcast_batch_across_tp(to_megatron_lm_batch(row), group=solo_group)
     cu_seqlens = batch.pop("cu_seqlens", None)
@@ -139,6 +144,9 @@ def test_megatron_lm_tp_broadcast_drops_padded_boundaries(tp_run):
     """Megatron-LM's ``get_batch_on_this_tp_rank`` (core_v0.16.1) run on 2 gloo ranks."""
     from tp_workers import MEGATRON_TP_FILE, NUM_ROWS, ROWS_SEED
 
+    if not Path(tp_run, MEGATRON_TP_FILE.format(0)).is_file():
+        pytest.skip("this Megatron-LM has no megatron.training.utils.get_batch_on_this_tp_rank "
+                    "(core_v0.16.1's; megatron-core 0.19 moved it)")
     row = random_rows(NUM_ROWS, seed=ROWS_SEED)[0]
     assert not torch.equal(row.cu_seqlens, row.cu_seqlens_padded)
     for rank in (0, 1):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import time
@@ -21,7 +22,7 @@ from megatron_packing.megatron.lm_batch import broadcast_batch_across_tp, to_meg
 
 ROWS_SEED = 11
 NUM_ROWS = 6
-# Megatron-LM (core_v0.16.1) checkout; its training package is not part of the megatron-core wheel.
+# Megatron-LM checkout (core_v0.16.1), or None: the megatron.training of megatron-core 0.19's wheel.
 MEGATRON_LM_DIR = MEGATRON_LM
 MEGATRON_TP_FILE = "rank{}_megatron.pt"
 
@@ -80,13 +81,18 @@ def megatron_lm_tp_function() -> Callable | None:
     Runs in a spawned worker: Megatron-LM's folder goes on ``sys.path`` and the CPU shims of
     `cpu_shims` answer its CUDA calls.
     """
-    if not (MEGATRON_LM_DIR / "megatron" / "training" / "utils.py").is_file():
+    if MEGATRON_LM_DIR is None:  # the installed megatron-core's megatron.training
+        if importlib.util.find_spec("megatron.training") is None:
+            return None
+    elif not (MEGATRON_LM_DIR / "megatron" / "training" / "utils.py").is_file():
         return None
-    if str(MEGATRON_LM_DIR) not in sys.path:
+    elif str(MEGATRON_LM_DIR) not in sys.path:
         sys.path.insert(0, str(MEGATRON_LM_DIR))
     import cpu_shims
     from megatron.training import utils
 
+    if not hasattr(utils, "get_batch_on_this_tp_rank"):  # megatron-core 0.19 moved it
+        return None
     cpu_shims.apply()
 
     def get_batch(args: SimpleNamespace, data_iterator):

@@ -21,7 +21,7 @@ POOL_OPTIONS = {"pool", "pool_dir", "batch_size", "capacity", "variation", "algo
 CONFIG_OPTIONS = {"config", "output_dir", "no_plot", "quiet"}
 SHARED = {"dp_size", "steps", "json"}
 # Megatron-LM's own parser (its arguments, extended by the plugin's), not the package's command.
-MEGATRON_PARSERS = {"megatron_lm/argument_policy.py", "megatron_lm/entry.py"}
+MEGATRON_PARSERS = {"megatron_lm/argument_policy.py", "megatron_lm/entry.py", "megatron/compat.py"}
 
 
 def test_the_simulate_subparser_declares_both_forms_options():

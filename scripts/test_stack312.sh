@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The second tested stack: Python 3.12 with megatron-core 0.19 (./.venv312, installed on first
+# use). Only the Megatron tiers run here (tests/megatron_lm and tests/megatron), with no
+# Megatron-LM checkout: the wheel's megatron.training and the library's GPT provider.
+# Extra arguments go to pytest (e.g. -m fast).
+source "$(dirname "${BASH_SOURCE[0]}")/_env312.sh"
+export MEGATRON_LM_PATH=  # empty: no checkout (a 0.16 checkout would shadow 0.19's training)
+python -c "from megatron_packing.megatron import compat; import sys; \
+print('second stack: Python %s, megatron-core %s' % (sys.version.split()[0], \
+compat.version_text(compat.megatron_core_version())))" 2>/dev/null
+exec python -m pytest -q -p no:cacheprovider tests/megatron_lm tests/megatron "$@"
