@@ -224,16 +224,19 @@ PACKED_KEYS = {"align_packing_bins_to_dp": True, "packing_batch_size_allowed_var
                "oversize_policy": "truncate"}
 
 
-def write_sft_yaml(path: Path, data_dir: Path, *, padded: bool = False, **packing: object) -> Path:
+def write_sft_yaml(path: Path, data_dir: Path, *, padded: bool = False,
+                   tokenizer: Path | None = None, cache: Path | None = None,
+                   **packing: object) -> Path:
     """A training YAML over a slice of the shipped demo chats and tokenizer: packed and DP-aligned,
-    or with ``padded`` the padded mode (``use_sequence_packing: false``), plus ``packing`` keys."""
+    or with ``padded`` the padded mode (``use_sequence_packing: false``), plus ``packing`` keys;
+    ``tokenizer`` and ``cache`` replace the demo tokenizer and ``data_dir/cache``."""
     base = {"use_sequence_packing": False} if padded else PACKED_KEYS
     lines = ["packing:", *(f"  {key}: {json.dumps(value)}"
                            for key, value in {**base, "seed": 1234, **packing}.items())]
     lines += ["data:", f"  paths: [{data_dir / 'train.jsonl'}]",
               f"  valid_paths: [{data_dir / 'valid.jsonl'}]",
-              f"  tokenizer: {PROJECT / 'examples' / 'tokenizer'}",
-              f"  cache_dir: {data_dir / 'cache'}"]
+              f"  tokenizer: {tokenizer or PROJECT / 'examples' / 'tokenizer'}",
+              f"  cache_dir: {cache or data_dir / 'cache'}"]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -286,4 +289,32 @@ def sft_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     chats = (PROJECT / "examples" / "data" / "demo_chat.jsonl").read_text().splitlines()
     (out / "train.jsonl").write_text("\n".join(chats[:600]) + "\n")
     (out / "valid.jsonl").write_text("\n".join(chats[600:664]) + "\n")
+    return out
+
+
+SLOW_BUILD_RECORDS = 12_000  # 10,000 built in 64 s on 2 shared cores
+
+
+def write_slow_build_data(out: Path, records: int = SLOW_BUILD_RECORDS) -> Path:
+    """Training data whose length index takes over a minute to build here (a real build):
+    ``records`` conversations, each four demo chats in a row, 64 validation chats, and the demo
+    tokenizer with a chat template without generation tags, so every assistant turn's mask
+    comes from rendering and tokenizing its prefix (the prefix fallback)."""
+    import shutil
+
+    chats = (PROJECT / "examples" / "data" / "demo_chat.jsonl").read_text().splitlines()
+    joined = []
+    for k in range(records):
+        messages = []
+        for j in range(4):
+            messages += json.loads(chats[(4 * k + j) % 2900])["messages"]
+        joined.append(json.dumps({"messages": messages}))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "train.jsonl").write_text("\n".join(joined) + "\n")
+    (out / "valid.jsonl").write_text("\n".join(chats[2900:2964]) + "\n")
+    tokenizer = out / "tokenizer"
+    shutil.copytree(PROJECT / "examples" / "tokenizer", tokenizer, dirs_exist_ok=True)
+    template = tokenizer / "chat_template.jinja"
+    template.write_text(template.read_text().replace("{% generation %}", "")
+                        .replace("{% endgeneration %}", ""))
     return out
