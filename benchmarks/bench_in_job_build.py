@@ -7,7 +7,7 @@ launcher) under torchrun with 2 gloo ranks, a tiny GPT and ``--distributed-timeo
 "first step" is when rank 0's step record of iteration 1 appears. Three launches: on an empty
 cache (the job builds), ``prepare`` on another empty cache, then the job on that prepared cache.
 
-    python benchmarks/bench_in_job_build.py [--records N] [--out results.md]
+    python benchmarks/bench_in_job_build.py [--seconds S] [--out results.md]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "tests" / "megatron_lm"))
 
 from megatron_lm_runs import (  # noqa: E402
     SKIP_REASON,
-    SLOW_BUILD_RECORDS,
+    SLOW_BUILD_SECONDS,
     _env,
     logged_iterations,
     torchrun_command,
@@ -60,7 +60,8 @@ def time_to_first_step(yaml: Path, log_dir: Path) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=SLOW_BUILD_RECORDS)
+    parser.add_argument("--seconds", type=float, default=SLOW_BUILD_SECONDS,
+                        help="size the data to build in about this long on this machine")
     parser.add_argument("--out", default=None, help="also write the table to this file")
     args = parser.parse_args()
     if SKIP_REASON is not None:
@@ -68,7 +69,7 @@ def main() -> None:
     report = Report(args.out)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        data = write_slow_build_data(tmp / "data", args.records)
+        data, records = write_slow_build_data(tmp / "data", args.seconds)
         size = (data / "train.jsonl").stat().st_size / 2**20
         cold = write_sft_yaml(tmp / "cold.yaml", data, tokenizer=data / "tokenizer",
                               cache=tmp / "cold_cache")
@@ -81,10 +82,10 @@ def main() -> None:
         prepare_s = time.perf_counter() - started
         warm = time_to_first_step(prepared, tmp / "log_prepared")
     report.print(f"# Launch to first step: length index built in the job vs prepared "
-                 f"({args.records:,} records, {size:.1f} MB JSONL)")
+                 f"({records:,} records, {size:.1f} MB JSONL)")
     report.print()
     report.print("torchrun, 2 CPU ranks (gloo), tiny GPT, `--distributed-timeout-minutes 1`, "
-                 f"{ITERS} iterations; the build runs in one process (fewer than 20,000 records).")
+                 f"{ITERS} iterations; the build runs in one process below 20,000 records.")
     report.print()
     report.print("| cache | prepare s | launch to first step s | whole job s |")
     report.print("|---|---:|---:|---:|")

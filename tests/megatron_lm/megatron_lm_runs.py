@@ -292,16 +292,13 @@ def sft_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-SLOW_BUILD_RECORDS = 12_000  # 10,000 built in 64 s on 2 shared cores
+SLOW_BUILD_SECONDS = 80.0
+"""How long `write_slow_build_data`'s build is sized to take: well over a 60 s timeout."""
+CALIBRATION_RECORDS = 400
 
 
-def write_slow_build_data(out: Path, records: int = SLOW_BUILD_RECORDS) -> Path:
-    """Training data whose length index takes over a minute to build here (a real build):
-    ``records`` conversations, each four demo chats in a row, 64 validation chats, and the demo
-    tokenizer with a chat template without generation tags, so every assistant turn's mask
-    comes from rendering and tokenizing its prefix (the prefix fallback)."""
-    import shutil
-
+def _slow_build_conversations(records: int) -> list[str]:
+    """``records`` conversations, each four demo chats in a row."""
     chats = (PROJECT / "examples" / "data" / "demo_chat.jsonl").read_text().splitlines()
     joined = []
     for k in range(records):
@@ -309,12 +306,44 @@ def write_slow_build_data(out: Path, records: int = SLOW_BUILD_RECORDS) -> Path:
         for j in range(4):
             messages += json.loads(chats[(4 * k + j) % 2900])["messages"]
         joined.append(json.dumps({"messages": messages}))
+    return joined
+
+
+def write_slow_build_data(out: Path, seconds: float = SLOW_BUILD_SECONDS) -> tuple[Path, int]:
+    """Training data whose length index takes about ``seconds`` to build on this machine (a
+    real build), and its record count: the demo tokenizer with a chat template without
+    generation tags, so every assistant turn's mask comes from rendering and tokenizing its
+    prefix (the prefix fallback), and conversations of four demo chats each, as many as this
+    machine builds in ``seconds`` (its rate measured here on `CALIBRATION_RECORDS` of them, so a
+    faster machine gets more), plus 64 validation chats."""
+    import shutil
+
+    from megatron_packing.data import load_sft_dataset
+    from megatron_packing.data.length_index import PARALLEL_MIN_RECORDS
+
+    chats = (PROJECT / "examples" / "data" / "demo_chat.jsonl").read_text().splitlines()
     out.mkdir(parents=True, exist_ok=True)
-    (out / "train.jsonl").write_text("\n".join(joined) + "\n")
-    (out / "valid.jsonl").write_text("\n".join(chats[2900:2964]) + "\n")
     tokenizer = out / "tokenizer"
     shutil.copytree(PROJECT / "examples" / "tokenizer", tokenizer, dirs_exist_ok=True)
     template = tokenizer / "chat_template.jinja"
     template.write_text(template.read_text().replace("{% generation %}", "")
                         .replace("{% endgeneration %}", ""))
-    return out
+    sample, cache = out / "calibration.jsonl", out / "calibration_cache"
+    rates = []
+    for count in (CALIBRATION_RECORDS // 4, CALIBRATION_RECORDS):  # the first warms up
+        sample.write_text("\n".join(_slow_build_conversations(count)) + "\n")
+        shutil.rmtree(cache, ignore_errors=True)  # a real build every time, never a cache hit
+        began = time.perf_counter()
+        load_sft_dataset([str(sample)], str(tokenizer), cache_dir=str(cache), num_proc=1,
+                         show_progress=False)
+        rates.append(count / (time.perf_counter() - began))
+    sample.unlink()
+    shutil.rmtree(cache)
+    rate = rates[-1]
+    records = int(rate * seconds) + 1
+    if records >= PARALLEL_MIN_RECORDS:  # the job's build then runs min(CPUs, 8) processes: at
+        # best that many times faster than one, so the build still takes at least ``seconds``
+        records *= min(os.cpu_count() or 1, 8)
+    (out / "train.jsonl").write_text("\n".join(_slow_build_conversations(records)) + "\n")
+    (out / "valid.jsonl").write_text("\n".join(chats[2900:2964]) + "\n")
+    return out, records
