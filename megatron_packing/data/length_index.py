@@ -15,6 +15,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import shutil
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .build_lock import entry_lock, say
 from .errors import BadRecordError, RecordProblem
 from .records import Messages, RawItem, parse_json_line, record_to_messages
 from .store import StoreWriter, TokenStore
@@ -226,18 +228,6 @@ def _ordered_results(
         _WORKER_ENCODER = None
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """Exclusive lock so that concurrent processes (ranks) build an entry only once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def held_locks(cache_dir: Path, name: str) -> list[Path]:
     """Lock files of ``cache_dir``'s entries for a source called ``name`` (a file's name) that
     a build holds now (a non-blocking try of the lock `build_or_load` takes and waits on)."""
@@ -286,20 +276,43 @@ def build_or_load(
     """
     key = cache_key(data_hash, tokenizer_fp, encoder)
     final = cache_dir / f"{_safe(name)}-{key}"
-    with _file_lock(cache_dir / f".{_safe(name)}-{key}.lock"):
-        if (final / "meta.json").is_file():
-            store = TokenStore(final)
-            log.debug("reusing length index %s", final)
-        else:
-            if callable(total):
-                total = total()
-            store = _build(
-                final, key, source, data_hash, items, total, raw_is_text, encoder,
-                tokenizer_fp, on_bad_record, num_proc, show_progress,
-            )
+    if (final / "meta.json").is_file():
+        # A finished entry is moved into place whole and never rewritten: no lock to wait on.
+        store = TokenStore(final)
+        log.debug("reusing length index %s", final)
+    else:
+        lock = cache_dir / f".{_safe(name)}-{key}.lock"
+        with entry_lock(lock, what=f"the length index of {source}") as wait:
+            if (final / "meta.json").is_file():
+                store = TokenStore(final)
+                if wait.waited:
+                    say(f"the length index of {source} is built ({wait.seconds:.0f} s waited); "
+                        f"loading {final}")
+            else:
+                if wait.waited:
+                    say(f"the process that held {lock} ended without finishing the length index "
+                        f"of {source} (it failed, died or was stopped); building it here")
+                _drop_partial_builds(final)
+                if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # ranks of a job may wait
+                    say(f"building the length index of {source} in {final}; other processes "
+                        f"loading it wait on {lock}")
+                if callable(total):
+                    total = total()
+                store = _build(
+                    final, key, source, data_hash, items, total, raw_is_text, encoder,
+                    tokenizer_fp, on_bad_record, num_proc, show_progress,
+                )
     if on_bad_record == "error":
         raise_first_bad(store.meta)
     return store
+
+
+def _drop_partial_builds(final: Path) -> None:
+    """Remove what a dead builder of ``final`` left (its temporary directories); only a
+    process holding the entry's lock writes them, and this one holds it now."""
+    for partial in final.parent.glob(f".{final.name}.*"):
+        if partial.is_dir():
+            shutil.rmtree(partial, ignore_errors=True)
 
 
 def _build(

@@ -64,27 +64,20 @@ def read_packing_yaml(path: str) -> tuple[dict[str, Any], set[str], DataConfig]:
 
 
 def _load_datasets(data: DataConfig, *, vocab_limit: int) -> tuple[Any, Any]:
-    """(train, valid or None). Global rank 0 builds the length index first; the others read it."""
-    import torch.distributed as dist
-
+    """(train, valid or None), loaded by every rank at once with no collective: the first rank
+    to take a cache entry's file lock builds it while the others wait on that lock (no timeout;
+    see `megatron_packing.data.build_lock`), then read the finished entry."""
     from megatron_packing.config.data_loading import load_data_split
     from megatron_packing.data.tokenize import load_tokenizer
 
-    def load(paths: list[str]) -> Any:
-        return load_data_split(data, paths)
-
-    datasets = None
-    for turn in (0, 1):
-        if (dist.get_rank() == 0) == (turn == 0):
-            datasets = (load(data.paths), load(data.valid_paths) if data.valid_paths else None)
-        dist.barrier()
+    datasets = (load_data_split(data, data.paths),
+                load_data_split(data, data.valid_paths) if data.valid_paths else None)
     vocab = len(load_tokenizer(data.tokenizer))
     if vocab > vocab_limit:
         raise ConfigError(
             f"tokenizer {data.tokenizer} has {vocab} tokens but the model's padded vocabulary "
             f"holds {vocab_limit}; give Megatron the same tokenizer (--tokenizer-type / "
             "--tokenizer-model) or a --vocab-size at least that large")
-    assert datasets is not None
     return datasets
 
 

@@ -275,16 +275,19 @@ PACKED_KEYS = {"align_packing_bins_to_dp": True, "packing_batch_size_allowed_var
                "oversize_policy": "truncate"}
 
 
-def write_sft_yaml(path: Path, data_dir: Path, *, padded: bool = False, **packing: object) -> Path:
+def write_sft_yaml(path: Path, data_dir: Path, *, padded: bool = False,
+                   tokenizer: Path | None = None, cache: Path | None = None,
+                   **packing: object) -> Path:
     """A training YAML over a slice of the shipped demo chats and tokenizer: packed and DP-aligned,
-    or with ``padded`` the padded mode (``use_sequence_packing: false``), plus ``packing`` keys."""
+    or with ``padded`` the padded mode (``use_sequence_packing: false``), plus ``packing`` keys;
+    ``tokenizer`` and ``cache`` replace the demo tokenizer and ``data_dir/cache``."""
     base = {"use_sequence_packing": False} if padded else PACKED_KEYS
     lines = ["packing:", *(f"  {key}: {json.dumps(value)}"
                            for key, value in {**base, "seed": 1234, **packing}.items())]
     lines += ["data:", f"  paths: [{data_dir / 'train.jsonl'}]",
               f"  valid_paths: [{data_dir / 'valid.jsonl'}]",
-              f"  tokenizer: {PROJECT / 'examples' / 'tokenizer'}",
-              f"  cache_dir: {data_dir / 'cache'}"]
+              f"  tokenizer: {tokenizer or PROJECT / 'examples' / 'tokenizer'}",
+              f"  cache_dir: {cache or data_dir / 'cache'}"]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -338,3 +341,60 @@ def sft_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (out / "train.jsonl").write_text("\n".join(chats[:600]) + "\n")
     (out / "valid.jsonl").write_text("\n".join(chats[600:664]) + "\n")
     return out
+
+
+SLOW_BUILD_SECONDS = 80.0
+"""How long `write_slow_build_data`'s build is sized to take: well over a 60 s timeout."""
+CALIBRATION_RECORDS = 400
+
+
+def _slow_build_conversations(records: int) -> list[str]:
+    """``records`` conversations, each four demo chats in a row."""
+    chats = (PROJECT / "examples" / "data" / "demo_chat.jsonl").read_text().splitlines()
+    joined = []
+    for k in range(records):
+        messages = []
+        for j in range(4):
+            messages += json.loads(chats[(4 * k + j) % 2900])["messages"]
+        joined.append(json.dumps({"messages": messages}))
+    return joined
+
+
+def write_slow_build_data(out: Path, seconds: float = SLOW_BUILD_SECONDS) -> tuple[Path, int]:
+    """Training data whose length index takes about ``seconds`` to build on this machine (a
+    real build), and its record count: the demo tokenizer with a chat template without
+    generation tags, so every assistant turn's mask comes from rendering and tokenizing its
+    prefix (the prefix fallback), and conversations of four demo chats each, as many as this
+    machine builds in ``seconds`` (its rate measured here on `CALIBRATION_RECORDS` of them, so a
+    faster machine gets more), plus 64 validation chats."""
+    import shutil
+
+    from megatron_packing.data import load_sft_dataset
+    from megatron_packing.data.length_index import PARALLEL_MIN_RECORDS
+
+    chats = (PROJECT / "examples" / "data" / "demo_chat.jsonl").read_text().splitlines()
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = out / "tokenizer"
+    shutil.copytree(PROJECT / "examples" / "tokenizer", tokenizer, dirs_exist_ok=True)
+    template = tokenizer / "chat_template.jinja"
+    template.write_text(template.read_text().replace("{% generation %}", "")
+                        .replace("{% endgeneration %}", ""))
+    sample, cache = out / "calibration.jsonl", out / "calibration_cache"
+    rates = []
+    for count in (CALIBRATION_RECORDS // 4, CALIBRATION_RECORDS):  # the first warms up
+        sample.write_text("\n".join(_slow_build_conversations(count)) + "\n")
+        shutil.rmtree(cache, ignore_errors=True)  # a real build every time, never a cache hit
+        began = time.perf_counter()
+        load_sft_dataset([str(sample)], str(tokenizer), cache_dir=str(cache), num_proc=1,
+                         show_progress=False)
+        rates.append(count / (time.perf_counter() - began))
+    sample.unlink()
+    shutil.rmtree(cache)
+    rate = rates[-1]
+    records = int(rate * seconds) + 1
+    if records >= PARALLEL_MIN_RECORDS:  # the job's build then runs min(CPUs, 8) processes: at
+        # best that many times faster than one, so the build still takes at least ``seconds``
+        records *= min(os.cpu_count() or 1, 8)
+    (out / "train.jsonl").write_text("\n".join(_slow_build_conversations(records)) + "\n")
+    (out / "valid.jsonl").write_text("\n".join(chats[2900:2964]) + "\n")
+    return out, records
