@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import random
+import resource
 import sys
 import tempfile
 import time
@@ -32,6 +33,14 @@ def write_records(path: Path, n: int, seed: int = 0) -> None:
                 {"role": "assistant", "content": f"{a} + {b} = {a + b}."},
             ]}
             f.write(json.dumps(rec) + "\n")
+
+
+def _tree_mib(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
+
+
+def _peak_mib(who: int) -> float:
+    return resource.getrusage(who).ru_maxrss / 1024  # Linux: KiB
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -67,7 +76,10 @@ def main(argv: list[str] | None = None) -> str:
             for i in range(0, len(again), max(1, len(again) // 10_000)):
                 again[i]
             fetch_us = (time.perf_counter() - t0) / min(len(again), 10_000) * 1e6
-            rows.append((num_proc, len(ds), total, build, len(ds) / build, cached, index_only, fetch_us))
+            rows.append((num_proc, len(ds), total, build, len(ds) / build, cached, index_only,
+                         fetch_us, _peak_mib(resource.RUSAGE_SELF),
+                         _peak_mib(resource.RUSAGE_CHILDREN) if num_proc > 1 else None,
+                         _tree_mib(cache)))
 
     lines = [
         f"# Length index benchmark ({args.records:,} short synthetic chats, {size_mb:.1f} MB JSONL)",
@@ -78,15 +90,22 @@ def main(argv: list[str] | None = None) -> str:
         "Cached load = `load_sft_dataset` again (hashes the data file or reuses its remembered "
         "hash, checks the key, maps arrays).",
         "",
+        "Peak RSS: the main process's peak so far (run one `--num-proc` per process for a "
+        "row's own peak) and the largest worker's.",
+        "",
         "| num_proc | records | tokens | build s | build records/s | cached load s | "
-        "load_length_index + sum s | ds[i] us |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "load_length_index + sum s | ds[i] us | peak RSS MiB (main / worker) | cache MiB |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for p, n, tokens, build, rate, cached, index_only, fetch in rows:
+    for p, n, tokens, build, rate, cached, index_only, fetch, main_mib, worker_mib, cache_mib \
+            in rows:
+        peak = f"{main_mib:,.0f}" + (f" / {worker_mib:,.0f}" if worker_mib is not None else "")
         lines.append(
-            f"| {p} | {n:,} | {tokens:,} | {build:.1f} | {rate:,.0f} | {cached:.3f} | {index_only:.4f} | {fetch:.1f} |"
+            f"| {p} | {n:,} | {tokens:,} | {build:.1f} | {rate:,.0f} | {cached:.3f} | "
+            f"{index_only:.4f} | {fetch:.1f} | {peak} | {cache_mib:,.0f} |"
         )
-    text = "\n".join(lines) + "\n"
+    command = "python benchmarks/bench_length_index.py " + " ".join(argv or sys.argv[1:])
+    text = f"Command: `{command}`\n\n" + "\n".join(lines) + "\n"
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
