@@ -15,21 +15,8 @@ if [ -z "$PY" ] && [ ! -x "$VENV/bin/python" ]; then
   echo "the second stack needs Python 3.12: none found (set PYTHON312=/path/to/python3.12)" >&2
   exit 1
 fi
-STAMP="$VENV/.installed-$(cat "$ROOT/pyproject.toml" "$ROOT/constraints-py312.txt" | sha256sum | cut -c1-16)"
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PY" -m venv "$VENV"
-fi
-if [ ! -f "$STAMP" ]; then
-  echo "installing megatron_packing (Python 3.12, megatron-core 0.19) into $VENV (about 5 minutes, 5.5 GB: torch's CUDA build)..."
-  if ! "$VENV/bin/python" -m pip install -c "$ROOT/constraints-py312.txt" -e "$ROOT[test]" \
-      > "$VENV/install.log" 2>&1; then
-    grep -v "WARNING: Location" "$VENV/install.log" | tail -n 40
-    echo "install failed; full log: $VENV/install.log" >&2
-    exit 1
-  fi
-  rm -f "$VENV"/.installed-*
-  touch "$STAMP"
-fi
-export PATH="$VENV/bin:$PATH"
+source "$ROOT/scripts/_venv.sh"
+use_venv "$VENV" "$PY" "$ROOT/constraints-py312.txt" "test" \
+  "installing megatron_packing (Python 3.12, megatron-core 0.19) into $VENV (about 5 minutes, 5.5 GB: torch's CUDA build)..."
 export WANDB_MODE="${WANDB_MODE:-offline}"
 cd "$ROOT"
