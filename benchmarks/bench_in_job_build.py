@@ -1,5 +1,6 @@
 """Wall time from launch to the first training step, with the length index built inside the
-job and with a cache prepared ahead of it (``megatron-packing prepare``).
+job (the ranks sharing the build) and with a cache prepared ahead of it
+(``megatron-packing prepare``).
 
 Uses the data of the in-job build test (`write_slow_build_data`: conversations of four demo
 chats, tokenized through the prefix fallback) and runs the Megatron-LM entry point (the CPU test
@@ -85,11 +86,12 @@ def main() -> None:
                  f"({records:,} records, {size:.1f} MB JSONL)")
     report.print()
     report.print("torchrun, 2 CPU ranks (gloo), tiny GPT, `--distributed-timeout-minutes 1`, "
-                 f"{ITERS} iterations; the build runs in one process below 20,000 records.")
+                 f"{ITERS} iterations. In the job both ranks tokenize parts of the index and one "
+                 "merges them; `prepare` builds it in one process (1 worker).")
     report.print()
     report.print("| cache | prepare s | launch to first step s | whole job s |")
     report.print("|---|---:|---:|---:|")
-    report.print(f"| empty: built in the job (the other rank waits on the lock) | - | "
+    report.print(f"| empty: built in the job (the 2 ranks share the build) | - | "
                  f"{in_job[0]:.1f} | {in_job[1]:.1f} |")
     report.print(f"| prepared ahead (`megatron-packing prepare`) | {prepare_s:.1f} | "
                  f"{warm[0]:.1f} | {warm[1]:.1f} |")

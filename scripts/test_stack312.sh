@@ -2,15 +2,13 @@
 # The second tested stack: Python 3.12 with megatron-core 0.19 (./.venv312, installed on first
 # use). Only the Megatron tiers run here (tests/megatron_lm and tests/megatron), with no
 # Megatron-LM checkout: the wheel's megatron.training and the library's GPT provider.
-# The in-job build and two-node launches (tests/megatron_lm/test_in_job_build.py,
-# test_multi_node.py) run on the main stack only: what they test (the cache's file lock, the
-# rendezvous of two launchers) does not depend on the megatron-core release, and together they
-# take about 5 minutes on 2 cores.
+# The cluster-scale launches (tests/cluster: the in-job build, two nodes) run on the main stack
+# only: what they test (the shared build's file locks, the rendezvous of two launchers) does not
+# depend on the megatron-core release, and together they take about 5 minutes on 2 cores.
 # Extra arguments go to pytest (e.g. -m fast).
 source "$(dirname "${BASH_SOURCE[0]}")/_env312.sh"
 export MEGATRON_LM_PATH=  # empty: no checkout (a 0.16 checkout would shadow 0.19's training)
 python -c "from megatron_packing.megatron import compat; import sys; \
 print('second stack: Python %s, megatron-core %s' % (sys.version.split()[0], \
 compat.version_text(compat.megatron_core_version())))" 2>/dev/null
-exec python -m pytest -q -p no:cacheprovider tests/megatron_lm tests/megatron \
-  --ignore tests/megatron_lm/test_in_job_build.py --ignore tests/megatron_lm/test_multi_node.py "$@"
+exec python -m pytest -q -p no:cacheprovider tests/megatron_lm tests/megatron "$@"

@@ -17,17 +17,19 @@ from megatron_packing.config.yaml_io import dataclass_from_mapping
 
 def load_data_split(data: DataConfig, paths: Sequence[str], *,
                     resolve: Callable[[str], str] = str, num_proc: int | None = None,
-                    show_progress: bool = False) -> Any:
+                    show_progress: bool = False, build_sharers: int | None = None) -> Any:
     """``paths`` (``data.paths`` or ``data.valid_paths``) as an `SFTDataset`, through the
     length-index cache in ``data.cache_dir``; ``resolve`` makes the config's paths usable
-    (the demo trainer's base directory). ``num_proc`` and ``show_progress`` are not part of
-    the cache key."""
+    (the demo trainer's base directory). ``num_proc``, ``show_progress`` and
+    ``build_sharers`` (the processes loading it at once; default ``$WORLD_SIZE``) are not part
+    of the cache key."""
     from megatron_packing.data import load_sft_dataset
 
     return load_sft_dataset([resolve(p) for p in paths], resolve(data.tokenizer),
                             loss_on=data.loss_on, on_bad_record=data.on_bad_record,
                             cache_dir=resolve(data.cache_dir) if data.cache_dir else None,
-                            num_proc=num_proc, show_progress=show_progress)
+                            num_proc=num_proc, show_progress=show_progress,
+                            build_sharers=build_sharers)
 
 
 def read_data_section(document: dict[str, Any], source: str) -> DataConfig:

@@ -1,13 +1,12 @@
-"""The file lock of one length-index cache entry, and how the other processes wait for it.
+"""File locks on length-index cache entries and their parts, and how a process waits on one.
 
-Every rank of a job loads its data itself. For each cache entry the first process to take the
-entry's lock (``cache_dir/.<file>-<key>.lock``, an ``fcntl.flock``) builds the entry; the others
-wait on that lock, with no collective and so no process-group timeout, and then read the
-finished entry. While waiting, a process prints one line when it starts and one every
-`PROGRESS_INTERVAL_S` seconds: what it waits for, the lock file, who holds it, how long so far.
-The kernel releases a flock when its holder dies, so a builder that is killed does not leave
-the others hanging: the next waiter takes the lock, finds the entry unfinished, says so, and
-builds it itself.
+Every rank of a job loads its data itself. Building a missing entry is coordinated only through
+``fcntl.flock`` locks on files in the cache directory (`shared_build` for a build shared by a
+job's ranks, `length_index.build_or_load` for a process building alone): no collective, so no
+process-group timeout. A process that has to wait on a lock prints one line when it starts and
+one every `PROGRESS_INTERVAL_S` seconds: what it waits for, the lock file, who holds it, how long
+so far. The kernel releases a flock when its holder dies, so a builder that is killed does not
+leave the others hanging: the next waiter takes the lock, finds the work unfinished and does it.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 PROGRESS_INTERVAL_S = 30.0
 POLL_S = 0.2  # how often a waiter tries the lock again
@@ -57,18 +57,21 @@ def describe_holder(path: Path) -> str:
 
 @contextlib.contextmanager
 def entry_lock(path: Path, *, what: str, interval: float | None = None,
-               report: Callable[[str], None] | None = None) -> Iterator[LockWait]:
+               report: Callable[[str], None] | None = None,
+               shared: bool = False) -> Iterator[LockWait]:
     """Hold ``path``'s exclusive flock for the block, waiting (with progress lines) while
     another process holds it. ``what`` names the awaited thing in the lines; ``interval`` is
     the seconds between them (default `PROGRESS_INTERVAL_S`); ``report`` prints a line
-    (default `say`)."""
+    (default `say`). ``shared`` takes a shared flock instead, which many processes hold at
+    once and which an exclusive holder excludes; a shared holder writes no holder record."""
     report = say if report is None else report
     every = PROGRESS_INTERVAL_S if interval is None else interval
+    kind = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a+") as f:
         wait = LockWait()
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(f, kind | fcntl.LOCK_NB)
         except BlockingIOError:
             wait.waited = True
             wait.holder = describe_holder(path)
@@ -81,7 +84,7 @@ def entry_lock(path: Path, *, what: str, interval: float | None = None,
             while True:
                 time.sleep(POLL_S)
                 try:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(f, kind | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
                     now = time.monotonic()
@@ -91,14 +94,38 @@ def entry_lock(path: Path, *, what: str, interval: float | None = None,
                                f"{now - started:.0f} s so far")
             wait.seconds = time.monotonic() - started
         try:
-            f.seek(0)
-            f.truncate()
-            f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                "rank": os.environ.get("RANK")}))
-            f.flush()
+            if not shared:
+                _write_holder(f)
             yield wait
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-__all__ = ["PROGRESS_INTERVAL_S", "LockWait", "describe_holder", "entry_lock", "say"]
+@contextlib.contextmanager
+def try_lock(path: Path) -> Iterator[bool]:
+    """Hold ``path``'s exclusive flock for the block if no other process holds it (yields
+    True), else yield False at once, holding nothing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            _write_holder(f)
+            yield True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _write_holder(f: IO[str]) -> None:
+    """Record this process in the lock file it holds exclusively (read by `describe_holder`)."""
+    f.seek(0)
+    f.truncate()
+    f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                        "rank": os.environ.get("RANK")}))
+    f.flush()
+
+
+__all__ = ["PROGRESS_INTERVAL_S", "LockWait", "describe_holder", "entry_lock", "say", "try_lock"]

@@ -13,31 +13,27 @@ import fcntl
 import hashlib
 import json
 import logging
-import multiprocessing as mp
 import os
-import shutil
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from . import chunk_encoding as encoding
+from . import shared_build
 from .build_lock import entry_lock, say
-from .errors import BadRecordError, RecordProblem
-from .records import Messages, RawItem, parse_json_line, record_to_messages
-from .store import StoreWriter, TokenStore
+from .errors import BadRecordError
+from .records import RawItem
+from .store import StoreWriter, TokenStore, drop_partial_writes
 from .tokenize import ChatEncoder
 
 log = logging.getLogger(__name__)
 
 INDEX_VERSION = 3  # 3: per-message weight and tool-call arguments checked
-MAX_SKIP_EXAMPLES = 20
-BATCH = 256  # conversations per tokenizer call
-CHUNK = 2048  # records per worker task
-PARALLEL_MIN_RECORDS = 20_000
+PARALLEL_MIN_RECORDS = encoding.PARALLEL_MIN_RECORDS
 
 
 @dataclass
@@ -137,97 +133,6 @@ def cache_key(data_hash: str, tokenizer_fp: str, encoder: ChatEncoder) -> str:
     return hashlib.blake2b(json.dumps(payload, sort_keys=True).encode(), digest_size=16).hexdigest()
 
 
-# -- chunk encoding (runs in workers) ------------------------------------------------------
-_WORKER_ENCODER: ChatEncoder | None = None
-
-
-@dataclass
-class ChunkResult:
-    ids: np.ndarray
-    mask: np.ndarray
-    lengths: np.ndarray
-    lines: np.ndarray
-    bad: list[tuple[int, str, str]]
-    special_text_records: int = 0  # records whose content holds a control token's text
-
-
-def encode_chunk(encoder: ChatEncoder, items: list[RawItem], raw_is_text: bool) -> ChunkResult:
-    """Validate and tokenize a chunk of raw records; bad ones are reported, not raised."""
-    bad: list[tuple[int, str, str]] = []
-    good: list[tuple[int, Messages]] = []
-    for line, raw in items:
-        try:
-            record = parse_json_line(raw) if raw_is_text else raw
-            good.append((line, record_to_messages(record)))
-        except RecordProblem as exc:
-            bad.append((line, exc.reason, exc.detail))
-    special = sum(encoder.has_special_text(m) for _, m in good)
-    ids_parts, mask_parts, lengths, lines = [], [], [], []
-    for start in range(0, len(good), BATCH):
-        batch = good[start : start + BATCH]
-        for (line, _), res in zip(batch, encoder.encode_batch([m for _, m in batch]), strict=True):
-            if isinstance(res, RecordProblem):
-                bad.append((line, res.reason, res.detail))
-                continue
-            ids_parts.append(res[0])
-            mask_parts.append(res[1])
-            lengths.append(len(res[0]))
-            lines.append(line)
-    bad.sort()
-    return ChunkResult(
-        np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.int32),
-        np.concatenate(mask_parts) if mask_parts else np.zeros(0, np.uint8),
-        np.asarray(lengths, dtype=np.int64),
-        np.asarray(lines, dtype=np.int64),
-        bad,
-        special,
-    )
-
-
-def _worker_encode(args: tuple[list[RawItem], bool]) -> ChunkResult:
-    assert _WORKER_ENCODER is not None
-    return encode_chunk(_WORKER_ENCODER, *args)
-
-
-def _chunks(items: Iterable[RawItem], size: int) -> Iterator[list[RawItem]]:
-    chunk: list[RawItem] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
-def _ordered_results(
-    items: Iterable[RawItem], raw_is_text: bool, encoder: ChatEncoder, num_proc: int
-) -> Iterator[tuple[int, ChunkResult]]:
-    """Encode chunks in order; with ``num_proc > 1`` a bounded window runs in a fork pool."""
-    if num_proc <= 1:
-        for chunk in _chunks(items, CHUNK):
-            yield len(chunk), encode_chunk(encoder, chunk, raw_is_text)
-        return
-    global _WORKER_ENCODER
-    _WORKER_ENCODER = encoder  # inherited by forked workers
-    ctx = mp.get_context("fork")
-    pool = ctx.Pool(num_proc)
-    try:
-        pending: deque[tuple[int, Any]] = deque()
-        for chunk in _chunks(items, CHUNK):
-            pending.append((len(chunk), pool.apply_async(_worker_encode, ((chunk, raw_is_text),))))
-            if len(pending) >= 3 * num_proc:
-                n, res = pending.popleft()
-                yield n, res.get()
-        while pending:
-            n, res = pending.popleft()
-            yield n, res.get()
-    finally:
-        pool.terminate()
-        pool.join()
-        _WORKER_ENCODER = None
-
-
 def held_locks(cache_dir: Path, name: str) -> list[Path]:
     """Lock files of ``cache_dir``'s entries for a source called ``name`` (a file's name) that
     a build holds now (a non-blocking try of the lock `build_or_load` takes and waits on)."""
@@ -259,7 +164,7 @@ def build_or_load(
     name: str,
     source: str,
     data_hash: str,
-    items: Iterable[RawItem],
+    items: Callable[[], Iterable[RawItem]],
     total: int | Callable[[], int] | None,
     raw_is_text: bool,
     encoder: ChatEncoder,
@@ -268,20 +173,32 @@ def build_or_load(
     on_bad_record: str,
     num_proc: int | None,
     show_progress: bool,
+    sharers: int = 1,
 ) -> TokenStore:
     """Return the cached store for this source, building it first when missing.
 
-    ``total`` (records, for the progress bar and the process count) may be a function, called
-    only when the entry is built: counting a large file's lines would slow every warm load.
+    ``items`` opens the source's records (a shared build may read them more than once);
+    ``total`` (records, for the progress bar, the process count and a shared build's parts)
+    may be a function, called only when the entry is built: counting a large file's lines
+    would slow every warm load. ``sharers`` > 1 (the processes that load this source at once,
+    a job's ranks) builds a missing entry with all of them (`shared_build`); 1 builds it in
+    the process that takes the entry's lock while the others wait on that lock.
     """
     key = cache_key(data_hash, tokenizer_fp, encoder)
     final = cache_dir / f"{_safe(name)}-{key}"
+    lock = cache_dir / f".{_safe(name)}-{key}.lock"
+    meta = _entry_meta(key, source, data_hash, encoder, tokenizer_fp)
     if (final / "meta.json").is_file():
         # A finished entry is moved into place whole and never rewritten: no lock to wait on.
         store = TokenStore(final)
         log.debug("reusing length index %s", final)
+    elif sharers > 1:
+        store = shared_build.build_shared(shared_build.SharedBuild(
+            final=final, lock=lock, source=source, open_items=items,
+            total=total() if callable(total) else total, raw_is_text=raw_is_text,
+            encoder=encoder, on_bad_record=on_bad_record, meta=meta, sharers=sharers,
+            num_proc=num_proc, show_progress=show_progress))
     else:
-        lock = cache_dir / f".{_safe(name)}-{key}.lock"
         with entry_lock(lock, what=f"the length index of {source}") as wait:
             if (final / "meta.json").is_file():
                 store = TokenStore(final)
@@ -292,60 +209,23 @@ def build_or_load(
                 if wait.waited:
                     say(f"the process that held {lock} ended without finishing the length index "
                         f"of {source} (it failed, died or was stopped); building it here")
-                _drop_partial_builds(final)
+                drop_partial_writes(final)
                 if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # ranks of a job may wait
                     say(f"building the length index of {source} in {final}; other processes "
                         f"loading it wait on {lock}")
                 if callable(total):
                     total = total()
-                store = _build(
-                    final, key, source, data_hash, items, total, raw_is_text, encoder,
-                    tokenizer_fp, on_bad_record, num_proc, show_progress,
-                )
+                store = _build(final, meta, source, items(), total, raw_is_text, encoder,
+                               on_bad_record, num_proc, show_progress)
     if on_bad_record == "error":
         raise_first_bad(store.meta)
     return store
 
 
-def _drop_partial_builds(final: Path) -> None:
-    """Remove what a dead builder of ``final`` left (its temporary directories); only a
-    process holding the entry's lock writes them, and this one holds it now."""
-    for partial in final.parent.glob(f".{final.name}.*"):
-        if partial.is_dir():
-            shutil.rmtree(partial, ignore_errors=True)
-
-
-def _build(
-    final: Path, key: str, source: str, data_hash: str, items: Iterable[RawItem],
-    total: int | None, raw_is_text: bool, encoder: ChatEncoder, tokenizer_fp: str,
-    on_bad_record: str, num_proc: int | None, show_progress: bool,
-) -> TokenStore:
-    from tqdm.auto import tqdm
-
-    if num_proc is None:
-        num_proc = min(os.cpu_count() or 1, 8) if (total or 0) >= PARALLEL_MIN_RECORDS else 1
-    skipped: Counter[str] = Counter()
-    special_records = 0
-    examples: list[dict[str, Any]] = []
-    writer = StoreWriter(final)
-    try:
-        with tqdm(total=total, unit="rec", desc=f"tokenizing {Path(source).name}",
-                  disable=not show_progress) as bar:
-            for n, res in _ordered_results(items, raw_is_text, encoder, num_proc):
-                if res.bad and on_bad_record == "error":
-                    line, reason, detail = res.bad[0]
-                    raise BadRecordError(source, line, reason, detail)
-                for line, reason, detail in res.bad:
-                    skipped[reason] += 1
-                    if len(examples) < MAX_SKIP_EXAMPLES:
-                        examples.append({"source": source, "line": line, "reason": reason, "detail": detail})
-                special_records += res.special_text_records
-                writer.append(res.ids, res.mask, res.lengths, res.lines)
-                bar.update(n)
-    except BaseException:
-        writer.abort()
-        raise
-    return writer.commit({
+def _entry_meta(key: str, source: str, data_hash: str, encoder: ChatEncoder,
+                tokenizer_fp: str) -> dict[str, Any]:
+    """What a cache entry's meta records about its source and tokenization."""
+    return {
         "kind": "cache",
         "key": key,
         "source": source,
@@ -356,10 +236,31 @@ def _build(
         "truncate": encoder.truncate,
         "method": encoder.method,
         "special_tokens_in_content": encoder.special_tokens_in_content,
-        "special_token_records": special_records,
-        "skipped": dict(skipped),
-        "skipped_examples": examples,
-    })
+    }
+
+
+def _build(
+    final: Path, meta: dict[str, Any], source: str, items: Iterable[RawItem],
+    total: int | None, raw_is_text: bool, encoder: ChatEncoder, on_bad_record: str,
+    num_proc: int | None, show_progress: bool,
+) -> TokenStore:
+    from tqdm.auto import tqdm
+
+    if num_proc is None:
+        num_proc = encoding.default_num_proc(total)
+    tally = encoding.SkipTally(source, on_bad_record)
+    writer = StoreWriter(final)
+    try:
+        with tqdm(total=total, unit="rec", desc=f"tokenizing {Path(source).name}",
+                  disable=not show_progress) as bar:
+            for n, res in encoding.ordered_results(items, raw_is_text, encoder, num_proc):
+                tally.add(res)
+                writer.append(res.ids, res.mask, res.lengths, res.lines)
+                bar.update(n)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.commit({**meta, **tally.meta()})
 
 
 def _safe(name: str) -> str:

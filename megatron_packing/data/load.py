@@ -77,6 +77,7 @@ def load_sft_dataset(
     show_progress: bool = True,
     truncate: bool = True,
     special_tokens_in_content: str = "split",
+    build_sharers: int | None = None,
 ) -> SFTDataset:
     """Tokenize (or load cached) SFT sources into an :class:`SFTDataset`.
 
@@ -101,8 +102,13 @@ def load_sft_dataset(
             content: ``"split"`` tokenizes it as plain text, ``"keep"`` as the control token,
             ``"error"`` makes the record bad. Affected records are counted either way
             (``ds.special_token_records``).
+        build_sharers: how many processes load these sources at the same time (a job's
+            ranks); above 1, a missing cache entry is built by all of them, each tokenizing
+            parts of it (see `megatron_packing.data.shared_build`). Default: ``$WORLD_SIZE``
+            when set, else 1. Not part of the cache key: the entry is the same either way.
     """
     check_choice("on_bad_record", on_bad_record, ON_BAD_RECORD_CHOICES)
+    sharers = _build_sharers(build_sharers)
     srcs, blend_weights = normalize_sources(sources, weights)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
 
@@ -130,7 +136,8 @@ def load_sft_dataset(
         else:
             if encoder is None or fp is None:
                 raise ValueError(f"source {src!r} needs a tokenizer; tokenizer=None only works for pre-tokenized data")
-            store = _load_raw(src, encoder, fp, cache, on_bad_record, num_proc, show_progress)
+            store = _load_raw(src, encoder, fp, cache, on_bad_record, num_proc, show_progress,
+                              sharers)
         stores.append(store)
 
     if tokenizer is None and stores:
@@ -153,20 +160,35 @@ def load_sft_dataset(
     return ds
 
 
+def _build_sharers(given: int | None) -> int:
+    """``build_sharers`` as given, else ``$WORLD_SIZE``, else 1; anything else is refused."""
+    if given is None:
+        world = os.environ.get("WORLD_SIZE", "1")
+        try:
+            return max(int(world), 1)
+        except ValueError:
+            raise ValueError(f"WORLD_SIZE={world!r} is not a process count; unset it or pass "
+                             "build_sharers= explicitly") from None
+    if isinstance(given, bool) or not isinstance(given, int) or given < 1:
+        raise ValueError(f"build_sharers={given!r} is not valid; give a process count >= 1")
+    return given
+
+
 def _load_raw(
     src: Any, encoder: ChatEncoder, fp: str, cache: Path, on_bad_record: str,
-    num_proc: int | None, show_progress: bool,
+    num_proc: int | None, show_progress: bool, sharers: int,
 ) -> TokenStore:
     common: dict[str, Any] = dict(encoder=encoder, tokenizer_fp=fp, cache_dir=cache,
                                   on_bad_record=on_bad_record, num_proc=num_proc,
-                                  show_progress=show_progress)
+                                  show_progress=show_progress, sharers=sharers)
     if _is_dataset(src):
         if isinstance(src.column_names, Mapping):
             raise ValueError("got a dataset dictionary; pass one split, e.g. dataset_dict['train']")
         name = getattr(getattr(src, "info", None), "dataset_name", None) or "dataset"
         return build_or_load(
             name=f"dataset-{name}", source=f"<dataset {name}> row", data_hash=hash_rows(iter(src)),
-            items=enumerate(iter(src), start=1), total=len(src), raw_is_text=False, **common,
+            items=lambda: enumerate(iter(src), start=1), total=len(src), raw_is_text=False,
+            **common,
         )
     path = Path(src)
     if not path.exists():
@@ -175,11 +197,11 @@ def _load_raw(
         raise ValueError(f"{path} is a directory but not pre-tokenized data (no valid meta.json); give {SUPPORTED}")
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        items, total, is_text = iter_jsonl(path), lambda: count_jsonl_lines(path), True
+        items, total, is_text = (lambda: iter_jsonl(path)), (lambda: count_jsonl_lines(path)), True
     elif suffix == ".json":
         records = read_json_list(path, str(path))
         count = len(records)
-        items, total, is_text = iter(records), (lambda: count), False
+        items, total, is_text = (lambda: iter(records)), (lambda: count), False
     else:
         raise ValueError(f"{path}: unsupported file type {suffix!r}; give {SUPPORTED}")
     return build_or_load(

@@ -164,6 +164,10 @@ class TokenStore:
         # the opening process verified the checksums; a worker repeats only the cheap checks
         self.__init__(state["path"], verify_checksums=False)  # type: ignore[misc]
 
+    def token_span(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids and loss mask of flat positions ``[a, b)`` (memory-mapped views)."""
+        return self._ids[a:b], self._mask[a:b]
+
     def get(self, i: int) -> dict[str, np.ndarray]:
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
         return {
@@ -176,6 +180,16 @@ def _memmap(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
     if count == 0:  # np.memmap cannot map an empty file
         return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+
+
+def drop_partial_writes(final_path: str | os.PathLike[str]) -> None:
+    """Remove the temporary directories that writers of ``final_path`` left (a writer that
+    died before its commit). Only the process that owns the right to write ``final_path``
+    (its lock) may call this."""
+    final = Path(final_path)
+    for partial in final.parent.glob(f".{final.name}.*"):
+        if partial.is_dir():
+            shutil.rmtree(partial, ignore_errors=True)
 
 
 class StoreWriter:

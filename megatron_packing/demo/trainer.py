@@ -268,11 +268,13 @@ def _torchrun_worker(rank: int, world: int, cfg: TrainingConfig, specs: list[Run
 
 
 def _load_dataset(cfg: TrainingConfig, paths: list[str] | None = None) -> Any:
-    """The training data (or ``paths``: the validation data) through the length index."""
+    """The training data (or ``paths``: the validation data) through the length index, loaded
+    by one process (the launcher, or rank 0 under torchrun), which builds a missing entry
+    alone."""
     from megatron_packing.config.data_loading import load_data_split
 
     return load_data_split(cfg.data, cfg.data.paths if paths is None else paths,
-                           resolve=cfg.resolve)
+                           resolve=cfg.resolve, build_sharers=1)
 
 
 def _vocab_size(cfg: TrainingConfig) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_packing.data import build_lock, length_index, load_sft_dataset
+from megatron_packing.data import build_lock, chunk_encoding, length_index, load_sft_dataset
 from megatron_packing.data.length_index import held_locks
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -91,7 +91,7 @@ def test_a_waiter_reports_progress_then_reads_what_the_holder_built(chats, tmp_p
                                                                     said, monkeypatch):
     monkeypatch.setattr(build_lock, "PROGRESS_INTERVAL_S", 0.3)
     cache, release, started = tmp_path / "cache", threading.Event(), threading.Event()
-    encode = length_index.encode_chunk
+    encode = chunk_encoding.encode_chunk
 
     def holder_encode(*args, **kwargs):  # the holder builds until the waiter has waited a while
         if threading.current_thread().name == "holder":
@@ -99,7 +99,7 @@ def test_a_waiter_reports_progress_then_reads_what_the_holder_built(chats, tmp_p
             release.wait(60)
         return encode(*args, **kwargs)
 
-    monkeypatch.setattr(length_index, "encode_chunk", holder_encode)
+    monkeypatch.setattr(chunk_encoding, "encode_chunk", holder_encode)
     said.then(still_waiting(2), release.set)
     holder = threading.Thread(target=load, args=(chats, cache), name="holder")
     holder.start()

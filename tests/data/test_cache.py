@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sft_test_data import CONVERSATIONS, PLAIN_TEMPLATE, TAG_TEMPLATE, make_tokenizer, write_jsonl
 
-from megatron_packing.data import length_index, load_length_index, load_sft_dataset
+from megatron_packing.data import chunk_encoding, length_index, load_length_index, load_sft_dataset
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ def test_load_length_index_and_files(tok, chat_file, tmp_path):
 
 
 def test_parallel_build_matches_serial(tok, tmp_path, monkeypatch):
-    monkeypatch.setattr(length_index, "CHUNK", 7)
+    monkeypatch.setattr(chunk_encoding, "CHUNK", 7)
     records = [{"messages": CONVERSATIONS[i % 3]} for i in range(40)]
     records[23] = {"messages": []}
     path = write_jsonl(tmp_path / "many.jsonl", records)

@@ -360,9 +360,11 @@ def _slow_build_conversations(records: int) -> list[str]:
     return joined
 
 
-def write_slow_build_data(out: Path, seconds: float = SLOW_BUILD_SECONDS) -> tuple[Path, int]:
+def write_slow_build_data(out: Path, seconds: float = SLOW_BUILD_SECONDS, *,
+                          sharers: int = 1) -> tuple[Path, int]:
     """Training data whose length index takes about ``seconds`` to build on this machine (a
-    real build), and its record count: the demo tokenizer with a chat template without
+    real build) by ``sharers`` processes sharing it (at best that many times faster than one),
+    and its record count: the demo tokenizer with a chat template without
     generation tags, so every assistant turn's mask comes from rendering and tokenizing its
     prefix (the prefix fallback), and conversations of four demo chats each, as many as this
     machine builds in ``seconds`` (its rate measured here on `CALIBRATION_RECORDS` of them, so a
@@ -391,7 +393,7 @@ def write_slow_build_data(out: Path, seconds: float = SLOW_BUILD_SECONDS) -> tup
     sample.unlink()
     shutil.rmtree(cache)
     rate = rates[-1]
-    records = int(rate * seconds) + 1
+    records = int(rate * seconds * sharers) + 1
     if records >= PARALLEL_MIN_RECORDS:  # the job's build then runs min(CPUs, 8) processes: at
         # best that many times faster than one, so the build still takes at least ``seconds``
         records *= min(os.cpu_count() or 1, 8)

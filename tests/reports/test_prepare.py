@@ -16,7 +16,7 @@ import yaml
 from megatron_packing.cli import main
 from megatron_packing.config.data_loading import load_data_split
 from megatron_packing.config.training import load_training_config
-from megatron_packing.data import length_index
+from megatron_packing.data import chunk_encoding, length_index
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "data" / "demo_chat.jsonl"
@@ -119,13 +119,13 @@ def test_packing_config_is_read_and_the_entry_point_call_hits_the_cache(tmp_path
 
 def test_two_workers_give_byte_identical_cache_files(tmp_path, data_files, capsys, monkeypatch):
     pools: list[int] = []
-    encode = length_index._ordered_results
+    encode = chunk_encoding.ordered_results
 
     def spy(items, raw_is_text, encoder, num_proc):
         pools.append(num_proc)
         return encode(items, raw_is_text, encoder, num_proc)
 
-    monkeypatch.setattr(length_index, "_ordered_results", spy)
+    monkeypatch.setattr(chunk_encoding, "ordered_results", spy)
     built = {}
     for workers in (1, 2):
         data = base_data(tmp_path, data_files, cache_dir=str(tmp_path / f"cache{workers}"))

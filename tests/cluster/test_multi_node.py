@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -121,12 +122,19 @@ def test_two_nodes_train_each_example_once(two_nodes):
     assert len(seen) == len(set(seen)) == ITERS * B
 
 
+BUILT = re.compile(r"the length index of \S+/(train|valid)\.jsonl is built \((\d+) of (\d+) "
+                   r"parts tokenized here, (merged here|another process merged it)")
+
+
 def test_the_nodes_build_each_cache_entry_once_between_them(two_nodes):
     whole, _, resumed = two_nodes
-    built = [line for run in whole for line in run.output.splitlines()
-             if "building the length index of" in line]
-    assert len(built) == 2, built  # train.jsonl and valid.jsonl, by one node each
-    assert sorted("train.jsonl" in line for line in built) == [False, True]
+    built = [found for run in whole for found in BUILT.findall(run.output)]
+    for name in ("train", "valid"):
+        mine = [b for b in built if b[0] == name]
+        assert mine, built  # (a rank that came after the merge read the entry, saying nothing)
+        (parts,) = {int(b[2]) for b in mine}
+        assert sum(int(b[1]) for b in mine) == parts, f"a part of {name} built twice: {mine}"
+        assert [b[3] for b in mine].count("merged here") == 1, mine
     assert not any("building the length index of" in run.output for run in resumed)
 
 
