@@ -5,11 +5,12 @@ the exhaustive search packs 409 sizes of about 4,096 examples a step), variation
 mixed pool drawn from the shipped real SFT length pools (a source drawn uniformly, then a
 length, clipped to capacity). Both planners run in this one process on the same example
 stream, one after the other. Packer runs are counted, for both. Targets: median <= 3 ms and
-p99 <= 10 ms at 1024 / dp 8, median <= 15 ms at 4096 / 128K / dp 64. Prints a markdown table;
-not a timed test.
+p99 <= 10 ms at 1024 / dp 8, median <= 15 ms at 4096 / 128K / dp 64. The sampler runs once per
+``--rank-assignments`` value (its plan time includes handing the work to ranks). Prints a
+markdown table; not a timed test.
 
     nice -n 10 python benchmarks/bench_step_planning.py [--geometries 1024/65536/8/100,...]
-        [--cpu-time] [--out FILE]
+        [--rank-assignments karmarkar_karp,rebalanced] [--cpu-time] [--out FILE]
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def main() -> None:
     parser.add_argument("--geometries", default="1024/65536/8/100,4096/131072/64/30",
                         help="B/capacity/dp/steps,...")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rank-assignments", default="karmarkar_karp,rebalanced",
+                        help="the sampler's rank_assignment values to time, comma-separated")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time each plan in this thread's CPU time instead of wall time (on "
                              "a machine shared with other jobs: time spent waiting for a core "
@@ -57,9 +60,11 @@ def main() -> None:
         lengths = mixed_stream(pools, batch * steps, capacity, seed=args.seed)
         common = dict(batch_size=batch, capacity=capacity, dp_size=dp, steps=steps)
         ref = simulate_exhaustive(lengths, **common)
-        ours = simulate(lengths, align=True, **common)
+        ours = [(f"megatron_packing ({method})",
+                 simulate(lengths, align=True, rank_assignment=method, **common))
+                for method in args.rank_assignments.split(",")]
         v = allowed_batch_variation(batch, 0.05)
-        for name, run in (("exhaustive", ref), ("megatron_packing", ours)):
+        for name, run in (("exhaustive", ref), *ours):
             report.print(
                 f"| {batch} / {capacity} / {dp} (v={v}) | {steps} | {name} "
                 f"| {run.plan_ms_median:.2f} | {run.plan_ms_p99:.2f} "

@@ -33,8 +33,9 @@ MEANINGS: dict[str, str] = {
     "fp8_recipe": "`delayed`, `tensorwise`, `mxfp8` or `blockwise` (needs `fp8_enabled`)",
     "base_order": "`random` (seeded shuffle per epoch) or `sequential`",
     "seed": "seeds the example order (and nothing else)",
-    "rank_assignment": "bins to ranks: balanced cost `s + s^2/k` (`karmarkar_karp`), or "
-                       "`round_robin`",
+    "rank_assignment": "work to ranks, by the cost `s + s^2/k`: whole bins balanced, then "
+                       "examples moved from the slowest rank to the fastest (`rebalanced`); "
+                       "whole bins only (`karmarkar_karp`); or `round_robin`",
     "attention_cost_constant": "k in the cost, about 6 x hidden size",
     "pad_bins_to_capacity": "pad every row to exactly C (static shapes, pipeline parallel)",
     "lookahead_steps": "steps planned together when choosing a boundary (1 = greedy)",

@@ -26,12 +26,19 @@ from megatron_packing.common.validation import require_int, require_positive_int
 from megatron_packing.config.components import PackedSamplerConfig, config_or_keywords
 from megatron_packing.config.keywords import PackedSamplerKeywords
 from megatron_packing.packed.layout import RowPlanner
-from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, imbalance
+from megatron_packing.packing.balance import (
+    RankAssignment,
+    assign_bins_to_ranks,
+    bin_costs,
+    imbalance,
+    sequence_cost,
+)
 from megatron_packing.packing.factory import make_sft_sequence_packer
 from megatron_packing.packing.planner.feasibility import alignment_remedy
 from megatron_packing.packing.planner.sizer import StepSizer
 from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES
 from megatron_packing.packing.planner.window import StepContext
+from megatron_packing.packing.rebalance import rebalance_examples
 from megatron_packing.stream.base_order import EpochOrder
 from megatron_packing.stream.state_checks import (
     check_fingerprint,
@@ -295,12 +302,22 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
         else:
             taken = window
         step_lengths = self.effective_lengths[taken]
-        costs = bin_costs(decision.bins, self.effective_lengths[window], self.attention_cost_constant)
+        step_bins = decision.bins
+        costs = bin_costs(step_bins, self.effective_lengths[window], self.attention_cost_constant)
         assignment = assign_bins_to_ranks(costs, self.dp_size, method=self.rank_assignment)
+        if self.rank_assignment == RankAssignment.REBALANCED:
+            tunables = self.sizer.tunables
+            step_bins = rebalance_examples(
+                step_bins, self.padded_lengths[window],
+                sequence_cost(self.effective_lengths[window], self.attention_cost_constant),
+                assignment, self.packer.usable_capacity,
+                rounds=tunables.rebalance_rounds,
+                transfers_per_pair=tunables.rebalance_transfers_per_pair)
+            costs = bin_costs(step_bins, self.effective_lengths[window], self.attention_cost_constant)
         taken_list = taken.tolist()
         window_list = window.tolist()
-        bins = tuple(tuple(window_list[p] for p in b) for b in decision.bins)
-        layouts = self.row_planner.rows(decision.bins, self.effective_lengths[window].tolist(),
+        bins = tuple(tuple(window_list[p] for p in b) for b in step_bins)
+        layouts = self.row_planner.rows(step_bins, self.effective_lengths[window].tolist(),
                                         self.padded_lengths[window].tolist())
         truncated = {
             int(i): int(self.effective_lengths[i])

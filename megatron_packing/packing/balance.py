@@ -24,8 +24,14 @@ from megatron_packing.common.validation import require_positive_int
 DEFAULT_ATTENTION_COST_CONSTANT = 24576.0
 
 class RankAssignment(StrEnum):
-    """How bins go to DP ranks: balanced estimated cost (Karmarkar-Karp), or round robin."""
+    """How a step's work goes to DP ranks.
 
+    ``rebalanced``: whole bins by Karmarkar-Karp, then single examples moved or swapped between
+    the slowest and the fastest ranks' bins (`rebalance.rebalance_examples`); ``karmarkar_karp``:
+    whole bins, balanced cost; ``round_robin``: bin ``i`` to rank ``i % dp``.
+    """
+
+    REBALANCED = "rebalanced"
     KARMARKAR_KARP = "karmarkar_karp"
     ROUND_ROBIN = "round_robin"
 
@@ -105,6 +111,8 @@ def assign_bins_to_ranks(
     ``karmarkar_karp`` (default) balances cost with the equal-cardinality largest
     differencing method; the result is never worse than ``round_robin`` (bin ``i`` to rank
     ``i % dp``): both are computed and the one with the lower maximum rank cost is kept.
+    ``rebalanced`` assigns the bins as ``karmarkar_karp`` does (the moving of examples that
+    follows is `rebalance.rebalance_examples`, applied by the sampler).
     Deterministic; ids inside each rank ascending; ranks ordered by their smallest bin id.
     """
     ranks = require_positive_int("dp_size", dp_size, error=ValueError)

@@ -15,9 +15,13 @@ import numpy as np
 
 from megatron_packing.packing.balance import (
     DEFAULT_ATTENTION_COST_CONSTANT,
+    RankAssignment,
     assign_bins_to_ranks,
     bin_costs,
+    sequence_cost,
 )
+from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES, PlannerTunables
+from megatron_packing.packing.rebalance import rebalance_examples
 
 
 def _bin_costs(bin_lengths: Sequence[Sequence[int]], attention_constant: float) -> np.ndarray:
@@ -39,9 +43,33 @@ def rank_times(bin_lengths: Sequence[Sequence[int]], rank_bins: Sequence[Sequenc
 
 def balanced_rank_bins(bin_lengths: Sequence[Sequence[int]], dp: int,
                        attention_constant: float = DEFAULT_ATTENTION_COST_CONSTANT) -> list[list[int]]:
-    """The sampler's default assignment (Karmarkar-Karp on the same costs) for a plan that
-    carries no ranks of its own, such as the exhaustive reference's."""
+    """Karmarkar-Karp on the same costs as the sampler's, for a plan that carries no ranks of
+    its own, such as the exhaustive reference's."""
     return assign_bins_to_ranks(_bin_costs(bin_lengths, attention_constant), dp)
+
+
+def assign_work(bin_lengths: Sequence[Sequence[int]], dp: int, capacity: int, method: str,
+                attention_constant: float = DEFAULT_ATTENTION_COST_CONSTANT,
+                tunables: PlannerTunables = DEFAULT_TUNABLES,
+                ) -> tuple[list[list[int]], list[list[int]]]:
+    """(bin lengths, rank bins) of a plan without ranks, handed out as the sampler would with
+    ``method`` (``rebalanced`` moves examples between bins within ``capacity``), so that a
+    reference plan is timed on the same footing as the sampler's."""
+    ranks = assign_bins_to_ranks(_bin_costs(bin_lengths, attention_constant), dp,
+                                 method=RankAssignment.KARMARKAR_KARP
+                                 if method == RankAssignment.REBALANCED else method)
+    lengths = [[int(s) for s in b] for b in bin_lengths]
+    if method != RankAssignment.REBALANCED:
+        return lengths, ranks
+    flat = np.asarray([s for b in lengths for s in b], dtype=np.int64)
+    positions, start = [], 0
+    for b in lengths:
+        positions.append(list(range(start, start + len(b))))
+        start += len(b)
+    moved = rebalance_examples(positions, flat, sequence_cost(flat, attention_constant), ranks,
+                               capacity, rounds=tunables.rebalance_rounds,
+                               transfers_per_pair=tunables.rebalance_transfers_per_pair)
+    return [[int(flat[p]) for p in b] for b in moved], ranks
 
 
 @dataclass(frozen=True)
@@ -56,6 +84,11 @@ class StepTimes:
         """Step-time CV across steps: std / mean of the slowest rank's time."""
         mean = float(self.slowest.mean()) if self.slowest.size else 0.0
         return float(self.slowest.std() / mean) if mean > 0 else 0.0
+
+    @property
+    def total(self) -> float:
+        """The run's modeled time: every step's slowest rank, summed."""
+        return float(self.slowest.sum())
 
     @property
     def imbalance(self) -> float:

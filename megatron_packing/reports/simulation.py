@@ -27,7 +27,7 @@ from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, im
 from megatron_packing.packing.planner.sizer import StepSizer
 from megatron_packing.packing.planner.tunables import PlannerTunables
 from megatron_packing.packing.reference import ReferenceRun, best_contiguous_path, plan_exhaustively
-from megatron_packing.packing.step_time import balanced_rank_bins, step_times
+from megatron_packing.packing.step_time import assign_work, step_times
 
 from .steps import StepSeries, cv, run_steps
 
@@ -54,6 +54,7 @@ class SimulationResult:
     deferred_examples: int = 0  # examples that moved to the next step
     step_time_cv: float = 0.0  # modeled step time (slowest rank): std / mean across steps
     step_time_imbalance: float = 1.0  # mean(slowest rank) / mean(rank), modeled
+    modeled_time: float = 0.0  # the run's modeled time: the slowest rank's cost, summed over steps
 
     @property
     def aligned_fraction(self) -> float:
@@ -73,7 +74,7 @@ class SimulationResult:
             plan_ms_median=s["plan_ms_median"], plan_ms_p99=s["plan_ms_p99"],
             packer_runs_mean=float(np.mean(series.packer_runs)) if series.steps else 0.0,
             deferred_examples=int(series.deferred.sum()), step_time_cv=s["step_time_cv"],
-            step_time_imbalance=s["step_time_imbalance"],
+            step_time_imbalance=s["step_time_imbalance"], modeled_time=s["modeled_time"],
         )
 
 
@@ -92,6 +93,7 @@ def simulate(
     max_deferred_examples: int = 0,
     label: str | None = None,
     tunables: PlannerTunables | None = None,
+    rank_assignment: str = PlannerConfig.rank_assignment,
 ) -> SimulationResult:
     """Run ``steps`` steps over ``lengths`` (taken in order) and measure them. ``tunables``
     replaces the planner's constants (``max_packs`` and ``lookahead_steps`` still come from
@@ -101,7 +103,7 @@ def simulate(
         bin_capacity=capacity, allowed_variation=variation, total_steps=steps,
         algorithm=algorithm, align_to_dp=align, lookahead_steps=lookahead_steps,
         max_packs=max_packs, max_deferred_examples=max_deferred_examples,
-        oversize_policy="truncate",
+        oversize_policy="truncate", rank_assignment=rank_assignment,
     )
     if tunables is not None:
         sampler.sizer = StepSizer(sampler.packer, dp_size, max_deferred=sampler.max_deferred_examples,
@@ -125,13 +127,16 @@ def simulate(
 
 
 def simulate_exhaustive(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int,
-                        steps: int, variation: float = 0.05, algorithm: str = "mffd") -> SimulationResult:
-    """The exhaustive reference planner over the same stream, measured like `simulate`."""
+                        steps: int, variation: float = 0.05, algorithm: str = "mffd",
+                        rank_assignment: str = PlannerConfig.rank_assignment) -> SimulationResult:
+    """The exhaustive reference planner over the same stream, measured like `simulate` (its
+    bins handed to ranks by ``rank_assignment``, as the sampler hands out its own)."""
     v = allowed_batch_variation(batch_size, variation)
     run: ReferenceRun = plan_exhaustively(lengths, batch_size=batch_size, capacity=capacity,
                                           dp_size=dp_size, v=v, steps=steps,
                                           algorithm=algorithm)
-    times = step_times([(bins, balanced_rank_bins(bins, dp_size)) for bins in run.step_bins])
+    times = step_times([assign_work(bins, dp_size, capacity, rank_assignment)
+                        for bins in run.step_bins])
     return SimulationResult(
         label="exhaustive", steps=run.steps, examples=int(sum(run.sizes)), bins=run.bins,
         padding_bins=run.padding_bins, aligned_steps=run.aligned_steps,
@@ -141,7 +146,7 @@ def simulate_exhaustive(lengths: np.ndarray, *, batch_size: int, capacity: int, 
         plan_ms_median=float(np.median(run.plan_ms)),
         plan_ms_p99=float(np.percentile(run.plan_ms, 99)),
         packer_runs_mean=float(np.mean(run.packer_runs)),
-        step_time_cv=times.cv, step_time_imbalance=times.imbalance,
+        step_time_cv=times.cv, step_time_imbalance=times.imbalance, modeled_time=times.total,
     )
 
 
@@ -155,11 +160,13 @@ def ceiling_aligned_steps(lengths: np.ndarray, *, batch_size: int, capacity: int
 
 def compare(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int, steps: int,
             variation: float = 0.05, algorithm: str = "mffd", exhaustive: bool = True,
-            max_deferred_examples: int = 0) -> list[SimulationResult]:
+            max_deferred_examples: int = 0,
+            rank_assignment: str = PlannerConfig.rank_assignment) -> list[SimulationResult]:
     """Fixed B (bins rounded up to dp), the exhaustive reference (optional), the project's
-    planner, and the planner with bounded deferral (when ``max_deferred_examples`` > 0)."""
+    planner, and the planner with bounded deferral (when ``max_deferred_examples`` > 0); every
+    run hands its bins to ranks by ``rank_assignment``."""
     common: dict[str, Any] = dict(batch_size=batch_size, capacity=capacity, dp_size=dp_size, steps=steps,
-                  variation=variation, algorithm=algorithm)
+                  variation=variation, algorithm=algorithm, rank_assignment=rank_assignment)
     runs = [simulate(lengths, align=False, **common)]
     if exhaustive:
         runs.append(simulate_exhaustive(lengths, **common))

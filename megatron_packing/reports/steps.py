@@ -87,6 +87,7 @@ class StepSeries:
             "dp_imbalance_mean": float(self.dp_imbalance.mean()) if ran else 0.0,
             "step_time_cv": self.step_times.cv,
             "step_time_imbalance": self.step_times.imbalance,
+            "modeled_time": self.step_times.total,
             "micro_batches_per_rank_mean": float(per_rank.mean()) if ran else 0.0,
             "micro_batches_per_rank_min": int(per_rank.min()) if ran else 0,
             "micro_batches_per_rank_max": int(per_rank.max()) if ran else 0,

@@ -30,15 +30,17 @@ def scenarios(draw):
     total_steps = draw(st.one_of(st.none(), st.integers(1, 12)))
     random_order = draw(st.booleans())
     seed = draw(st.integers(0, 3))
+    rank_assignment = draw(st.sampled_from(["karmarkar_karp", "rebalanced", "round_robin"]))
     return dict(capacity=capacity, lengths=lengths, batch=batch, variation=variation, dp=dp,
-                total_steps=total_steps, random_order=random_order, seed=seed)
+                total_steps=total_steps, random_order=random_order, seed=seed,
+                rank_assignment=rank_assignment)
 
 
 def make(s, **overrides):
     n = len(s["lengths"])
     base = SeededRandomOrder(n, s["seed"]) if s["random_order"] else SequentialSampler(range(n))
     options = dict(bin_capacity=s["capacity"], allowed_variation=s["variation"],
-                   total_steps=s["total_steps"])
+                   total_steps=s["total_steps"], rank_assignment=s["rank_assignment"])
     options.update(overrides)
     return DPAlignedPackingBatchSampler(base, s["lengths"], s["batch"], s["dp"], **options)
 

@@ -340,6 +340,26 @@ def test_rank_assignment_balances_cost_and_round_robin_is_honoured():
     assert spreads["karmarkar_karp"] < spreads["round_robin"] - 0.004, spreads  # measured: 0.007
 
 
+def test_rebalanced_moves_examples_to_the_fastest_ranks_and_whole_bin_methods_do_not():
+    # Few bins per rank (B 64 at 4K, dp 8): whole bins cannot balance the ranks; moving
+    # single examples can. Same examples per step, same bins per rank, lower imbalance.
+    batch, capacity, dp, steps = 64, 4096, 8, 20
+    lengths = pool_stream(batch * steps, capacity)
+    runs = {method: plans_of(lengths, batch, dp, capacity, steps, rank_assignment=method)[1]
+            for method in ("rebalanced", "karmarkar_karp", "round_robin")}
+    moved = 0
+    for kk, rr, rb in zip(runs["karmarkar_karp"], runs["round_robin"], runs["rebalanced"],
+                          strict=True):
+        assert rb.example_indices == kk.example_indices and rb.rank_bins == kk.rank_bins
+        assert sorted(map(sorted, kk.bins)) == sorted(map(sorted, rr.bins))  # bins as packed
+        assert [bool(b) for b in rb.bins] == [bool(b) for b in kk.bins]
+        assert rb.dp_imbalance <= kk.dp_imbalance + 1e-12
+        moved += rb.bins != kk.bins
+    assert moved >= steps // 2
+    means = {m: float(np.mean([p.dp_imbalance for p in plans])) for m, plans in runs.items()}
+    assert means["rebalanced"] < means["karmarkar_karp"] - 0.01, means
+
+
 def test_token_fill_and_dp_imbalance_are_reported_as_measured():
     batch, capacity, dp, steps = 128, 4096, 8, 25
     lengths = pool_stream(batch * steps, capacity)

@@ -75,6 +75,18 @@ class PlannerTunables:
     here) may make before it gives up. Basis: inherited, no measurement of its own. Sweep: no
     change at 4 or 16."""
 
+    rebalance_rounds: int = 4
+    """With ``rank_assignment: rebalanced``, rounds of pairing the ranks heaviest with
+    lightest. Basis: ``benchmarks/bench_rank_rebalance.py --rounds R`` on the nine held-out
+    geometries (``benchmarks/results/bench_rank_rebalance_sweep.md``): mean slowest / mean rank
+    1.0273 at 2, 1.0227 at 4, 1.0225 at 8 (this planner), the planning time's largest
+    median 16, 15 and 36 ms."""
+
+    rebalance_transfers_per_pair: int = 1
+    """With ``rank_assignment: rebalanced``, closest-to-even moves or swaps per pair of ranks in
+    a round, after the fill. Basis: the same sweep: 1.0275 at 0, 1.0227 at 1 and at 2 (the
+    largest median planning time 13, 15 and 22 ms)."""
+
     grid_cache_cells: int = 256
     """(boundary x next boundary) grids of at least this many cells are remembered across steps;
     smaller ones are judged anew, cheaper than hashing their key (a pure cache)."""

@@ -1,0 +1,92 @@
+"""Whole bins to ranks (Karmarkar-Karp) against moving examples after it (`rebalanced`).
+
+On the held-out geometries of `bench_held_out_geometries.py` (same pools, seeds and steps),
+fixed B and this planner each run twice, with ``rank_assignment`` ``karmarkar_karp`` and
+``rebalanced``; the plans (examples per step, bins per rank) are the same, only which bin an
+example sits in changes. Columns: modeled step-time imbalance mean(slowest rank) / mean(rank),
+step-time CV, the run's modeled time (the slowest rank's cost summed over steps, relative to fixed
+B with whole bins), and the sampler's planning time per step, median and p99 (the rebalance
+is inside it). Prints markdown; not a timed test.
+
+    nice -n 10 python benchmarks/bench_rank_rebalance.py [--rounds R] [--transfers T] [--out FILE]
+
+``--rounds`` and ``--transfers`` replace `PlannerTunables.rebalance_rounds` and
+``rebalance_transfers_per_pair`` (the halved / doubled sweep of those two constants).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_held_out_geometries import GEOMETRIES, MIXES, STEPS  # noqa: E402
+from report import Report  # noqa: E402
+
+from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES  # noqa: E402
+from megatron_packing.reports.pools import find_pool_dir, load_pools, mixed_stream  # noqa: E402
+from megatron_packing.reports.simulation import simulate  # noqa: E402
+
+K = 1024
+METHODS = ("karmarkar_karp", "rebalanced")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=DEFAULT_TUNABLES.rebalance_rounds)
+    parser.add_argument("--transfers", type=int,
+                        default=DEFAULT_TUNABLES.rebalance_transfers_per_pair)
+    parser.add_argument("--only", default=None, help="indices of GEOMETRIES to run, e.g. 0,3")
+    parser.add_argument("--out", default=None, help="also save the tables here")
+    args = parser.parse_args()
+    tunables = replace(DEFAULT_TUNABLES, rebalance_rounds=args.rounds,
+                       rebalance_transfers_per_pair=args.transfers)
+    report = Report(args.out)
+    pools = load_pools(find_pool_dir())
+    chosen = (GEOMETRIES if args.only is None
+              else [GEOMETRIES[int(i)] for i in args.only.split(",")])
+    report.print(f"rounds {args.rounds}, transfers per pair {args.transfers}; steps: "
+                 + ", ".join(f"{s} at B = {b}" for b, s in STEPS.items())
+                 + "; variation 0.05; MFFD; k = 24,576.")
+    report.print()
+    report.print("| mix | B / C / dp | planner | ranks get | slowest / mean rank | step-time CV "
+                 "| modeled time vs fixed B, whole bins | plan ms median | plan ms p99 |")
+    report.print("|---|---|---|---|---|---|---|---|---|")
+    totals: dict[tuple[bool, str], list[float]] = {}
+    for mix, batch, capacity, dp in chosen:
+        steps = STEPS[batch]
+        lengths = mixed_stream({n: pools[n] for n in MIXES[mix]}, batch * steps, capacity,
+                               seed=args.seed)
+        name = f"{batch} / {capacity // K}K / {dp}"
+        base = None
+        for align in (False, True):
+            for method in METHODS:
+                run = simulate(lengths, batch_size=batch, capacity=capacity, dp_size=dp,
+                               steps=steps, align=align, rank_assignment=method,
+                               tunables=tunables)
+                base = run.modeled_time if base is None else base
+                totals.setdefault((align, method), []).append(run.step_time_imbalance)
+                label = "this planner" if align else "fixed B"
+                kind = "whole bins" if method == "karmarkar_karp" else "rebalanced"
+                report.print(f"| {mix} | {name} | {label} | {kind} "
+                             f"| {run.step_time_imbalance:.4f} | {run.step_time_cv:.2%} "
+                             f"| {run.modeled_time / base:.4f} | {run.plan_ms_median:.2f} "
+                             f"| {run.plan_ms_p99:.2f} |")
+    report.print()
+    report.print("| planner | ranks get | mean slowest / mean rank over the geometries |")
+    report.print("|---|---|---|")
+    for (align, method), values in totals.items():
+        label = "this planner" if align else "fixed B"
+        kind = "whole bins" if method == "karmarkar_karp" else "rebalanced"
+        report.print(f"| {label} | {kind} | {sum(values) / len(values):.4f} |")
+    report.save()
+
+
+if __name__ == "__main__":
+    main()
