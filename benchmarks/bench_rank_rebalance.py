@@ -8,10 +8,10 @@ step-time CV, the run's modeled time (the slowest rank's cost summed over steps,
 B with whole bins), and the sampler's planning time per step, median and p99 (the rebalance
 is inside it). Prints markdown; not a timed test.
 
-    nice -n 10 python benchmarks/bench_rank_rebalance.py [--rounds R] [--transfers T] [--out FILE]
+    nice -n 10 python benchmarks/bench_rank_rebalance.py [--fill-rounds R] [--evens E] [--out FILE]
 
-``--rounds`` and ``--transfers`` replace `PlannerTunables.rebalance_rounds` and
-``rebalance_transfers_per_pair`` (the halved / doubled sweep of those two constants).
+``--fill-rounds`` and ``--evens`` replace `PlannerTunables.rebalance_fill_rounds` and
+``rebalance_evens_per_rank`` (the halved / doubled sweep of those two constants).
 """
 
 from __future__ import annotations
@@ -39,19 +39,18 @@ METHODS = ("karmarkar_karp", "rebalanced")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rounds", type=int, default=DEFAULT_TUNABLES.rebalance_rounds)
-    parser.add_argument("--transfers", type=int,
-                        default=DEFAULT_TUNABLES.rebalance_transfers_per_pair)
+    parser.add_argument("--fill-rounds", type=int, default=DEFAULT_TUNABLES.rebalance_fill_rounds)
+    parser.add_argument("--evens", type=int, default=DEFAULT_TUNABLES.rebalance_evens_per_rank)
     parser.add_argument("--only", default=None, help="indices of GEOMETRIES to run, e.g. 0,3")
     parser.add_argument("--out", default=None, help="also save the tables here")
     args = parser.parse_args()
-    tunables = replace(DEFAULT_TUNABLES, rebalance_rounds=args.rounds,
-                       rebalance_transfers_per_pair=args.transfers)
+    tunables = replace(DEFAULT_TUNABLES, rebalance_fill_rounds=args.fill_rounds,
+                       rebalance_evens_per_rank=args.evens)
     report = Report(args.out)
     pools = load_pools(find_pool_dir())
     chosen = (GEOMETRIES if args.only is None
               else [GEOMETRIES[int(i)] for i in args.only.split(",")])
-    report.print(f"rounds {args.rounds}, transfers per pair {args.transfers}; steps: "
+    report.print(f"fill rounds {args.fill_rounds}, evens per rank {args.evens}; steps: "
                  + ", ".join(f"{s} at B = {b}" for b, s in STEPS.items())
                  + "; variation 0.05; MFFD; k = 24,576.")
     report.print()

@@ -311,8 +311,8 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
                 step_bins, self.padded_lengths[window],
                 sequence_cost(self.effective_lengths[window], self.attention_cost_constant),
                 assignment, self.packer.usable_capacity,
-                rounds=tunables.rebalance_rounds,
-                transfers_per_pair=tunables.rebalance_transfers_per_pair)
+                fill_rounds=tunables.rebalance_fill_rounds,
+                evens_per_rank=tunables.rebalance_evens_per_rank)
             costs = bin_costs(step_bins, self.effective_lengths[window], self.attention_cost_constant)
         taken_list = taken.tolist()
         window_list = window.tolist()

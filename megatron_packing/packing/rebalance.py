@@ -2,12 +2,14 @@
 
 `balance.assign_bins_to_ranks` moves whole bins. With a few bins per rank, or a few heavy
 bins (one long sequence costs more than many short ones of the same tokens), whole bins cannot
-balance the ranks. This pass then pairs the ranks, the heaviest with the lightest, the second
-heaviest with the second lightest and so on, and evens each pair: first it moves the heavier
-rank's examples, largest first, into the lighter rank's bins while each move keeps the pair's
-transfer at or below half their gap; then it makes the one move or swap that brings the two
-closest to even, up to ``transfers_per_pair`` times. A round does that for every pair;
-rounds repeat until one changes nothing or ``rounds`` are done.
+balance the ranks. This pass then changes which bin an example sits in, in two phases:
+1. fill, in rounds: each rank above the mean cost, heaviest first, moves its examples,
+   costliest first, into the best-fitting bins of the rank that is lightest at that moment,
+   while the cost moved keeps both ranks on their side of the mean; rounds repeat until one
+   moves nothing or ``fill_rounds`` are done;
+2. even: the slowest rank makes the one move, or swap of two examples, that brings it closest
+   to even with one of the lightest ranks, up to ``evens_per_rank`` x dp times, until the
+   slowest rank finds no such transfer.
 
 What it keeps: every bin's size budget (``capacity``, over the packer's aligned sizes), the
 bin count and each rank's bin ids (so the micro-batch count per rank and the step's alignment
@@ -19,44 +21,109 @@ rank, so the slowest rank's cost never rises. Deterministic.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-# A swap is looked for among this many examples of the lighter rank nearest in cost to the
-# ideal partner of each example of the heavier one (sorted search, not every pair).
-SWAP_NEIGHBOURS = 4
+# How many examples on each side of the ideal cost a move or a swap partner is sought among.
+NEIGHBOURS = 2
+# Up to this many moves at once keep the ranks' sorted examples by insertion; more re-sort them.
+INCREMENTAL_MOVES = 4
+# The slowest rank is evened with the first of this many lightest ranks that can take a transfer.
+PARTNERS = 3
 
 
-@dataclass
+class _Arrays:
+    """A rank's movable examples as arrays, by cost ascending (for the swap search)."""
+
+    def __init__(self, step: _Step, rank: int) -> None:
+        costs, items, owners = step.items(rank)
+        self.cost = np.asarray(costs, dtype=np.float64)
+        self.item = np.asarray(items, dtype=np.int64)
+        self.owner = np.asarray(owners, dtype=np.int64)
+        self.size = np.asarray([step.size[i] for i in items], dtype=np.int64)
+
+
 class _Step:
-    """The step's mutable state: bins, their loads and costs, and each rank's cost."""
+    """The step's mutable state: bins, their loads and counts, and each rank's cost."""
 
-    bins: list[list[int]]
-    size: np.ndarray
-    cost: np.ndarray
-    load: np.ndarray
-    count: np.ndarray  # examples per bin
-    movable: np.ndarray
-    rank_bins: list[list[int]]
-    rank_cost: np.ndarray
-    capacity: int
+    def __init__(self, bins: list[list[int]], size: list[int], cost: list[float],
+                 ranks: Sequence[Sequence[int]], capacity: int) -> None:
+        self.bins, self.size, self.cost, self.capacity = bins, size, cost, capacity
+        self.load = [sum(size[i] for i in b) for b in bins]
+        self.count = [len(b) for b in bins]
+        self.movable = [n > 0 and load <= capacity for n, load in zip(self.count, self.load,
+                                                                      strict=True)]
+        self.rank_bins = [[int(b) for b in r] for r in ranks]
+        self.rank_cost = [sum(cost[i] for b in r for i in bins[b]) for r in self.rank_bins]
+        self.bin_rank = [0] * len(bins)
+        for r, ids in enumerate(self.rank_bins):
+            for b in ids:
+                self.bin_rank[b] = r
+        self._sorted = [self._sort(r) for r in range(len(self.rank_bins))]
+        self._arrays: dict[int, _Arrays] = {}
 
-    def items(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
-        """The examples in a rank's movable bins, and the bin of each."""
-        ids = [b for b in self.rank_bins[rank] if self.movable[b]]
-        items = [i for b in ids for i in self.bins[b]]
-        owner = [b for b in ids for _ in self.bins[b]]
-        return np.asarray(items, dtype=np.int64), np.asarray(owner, dtype=np.int64)
+    def _sort(self, rank: int) -> tuple[list[float], list[int], list[int]]:
+        rows = sorted((self.cost[i], i, b) for b in self.rank_bins[rank] if self.movable[b]
+                      for i in self.bins[b])
+        return [x[0] for x in rows], [x[1] for x in rows], [x[2] for x in rows]
 
-    def shift(self, item: int, source: int, target: int) -> None:
-        self.bins[source].remove(item)
-        self.bins[target].append(item)
-        self.load[source] -= self.size[item]
-        self.load[target] += self.size[item]
-        self.count[source] -= 1
-        self.count[target] += 1
+    def items(self, rank: int) -> tuple[list[float], list[int], list[int]]:
+        """A rank's examples in movable bins, by (cost, example) ascending: (costs, examples,
+        bins), kept sorted as examples move."""
+        return self._sorted[rank]
+
+    def _place(self, rank: int, item: int) -> int:
+        """Where ``item`` sits, or would sit, in ``rank``'s sorted examples."""
+        costs, items, _ = self._sorted[rank]
+        c = self.cost[item]
+        p = bisect_left(costs, c)
+        while p < len(costs) and costs[p] == c and items[p] < item:
+            p += 1
+        return p
+
+    def arrays(self, rank: int) -> _Arrays:
+        if rank not in self._arrays:
+            self._arrays[rank] = _Arrays(self, rank)
+        return self._arrays[rank]
+
+    def targets(self, rank: int) -> list[int]:
+        return [b for b in self.rank_bins[rank] if self.movable[b]]
+
+    def apply(self, moves: list[tuple[int, int, int]], heavy: int, light: int) -> None:
+        """(example, from bin, to bin) moves between ``heavy`` and ``light``."""
+        gone: dict[int, set[int]] = {}
+        for item, source, target in moves:
+            gone.setdefault(source, set()).add(item)
+            self.bins[target].append(item)
+            self.load[source] -= self.size[item]
+            self.load[target] += self.size[item]
+            self.count[source] -= 1
+            self.count[target] += 1
+            sign = 1.0 if self.bin_rank[source] == heavy else -1.0
+            self.rank_cost[heavy] -= sign * self.cost[item]
+            self.rank_cost[light] += sign * self.cost[item]
+            if len(moves) <= INCREMENTAL_MOVES:
+                self._resort(item, self.bin_rank[source], self.bin_rank[target], target)
+        for source, items in gone.items():
+            self.bins[source] = [i for i in self.bins[source] if i not in items]
+        for rank in (heavy, light):
+            if len(moves) > INCREMENTAL_MOVES:
+                self._sorted[rank] = self._sort(rank)
+            self._arrays.pop(rank, None)
+
+    def _resort(self, item: int, origin: int, dest: int, target: int) -> None:
+        """Take ``item`` out of ``origin``'s sorted examples and put it, now in bin ``target``,
+        into ``dest``'s."""
+        costs, items, owners = self._sorted[origin]
+        p = self._place(origin, item)
+        del costs[p], items[p], owners[p]
+        costs, items, owners = self._sorted[dest]
+        p = self._place(dest, item)
+        costs.insert(p, self.cost[item])
+        items.insert(p, item)
+        owners.insert(p, target)
 
 
 def rebalance_examples(
@@ -66,140 +133,131 @@ def rebalance_examples(
     ranks: Sequence[Sequence[int]],
     capacity: int,
     *,
-    rounds: int,
-    transfers_per_pair: int,
+    fill_rounds: int,
+    evens_per_rank: int,
 ) -> list[list[int]]:
     """``bins`` (positions into ``sizes`` and ``costs``) with examples moved between ranks.
 
     ``ranks`` gives each rank's bin ids (they stay each rank's); ``sizes`` are the packer's
     aligned sizes, budgeted per bin by ``capacity``; ``costs`` the modeled cost of each
-    example. At most ``rounds`` rounds of at most ``transfers_per_pair`` transfers per pair of
-    ranks. A moved example goes to the end of its new bin; the rest keep their order.
+    example. A moved example goes to the end of its new bin; the rest keep their order.
     """
-    out = [list(b) for b in bins]
-    size = np.asarray(sizes, dtype=np.int64)
-    cost = np.asarray(costs, dtype=np.float64)
-    if len(ranks) < 2 or rounds <= 0 or not out:
+    out = [[int(i) for i in b] for b in bins]
+    if len(ranks) < 2 or not out:
         return out
-    count = np.array([len(b) for b in out], dtype=np.int64)
-    flat = np.fromiter((i for b in out for i in b), dtype=np.int64, count=int(count.sum()))
-    home = np.repeat(np.arange(len(out)), count)
-    load = np.bincount(home, weights=size[flat], minlength=len(out)).astype(np.int64)
-    bin_cost = np.bincount(home, weights=cost[flat], minlength=len(out))
-    step = _Step(
-        bins=out, size=size, cost=cost, load=load, count=count,
-        movable=(count > 0) & (load <= capacity),
-        rank_bins=[[int(b) for b in r] for r in ranks],
-        rank_cost=np.array([float(bin_cost[list(r)].sum()) for r in ranks]),
-        capacity=capacity,
-    )
-    for _ in range(rounds):
-        order = np.argsort(-step.rank_cost, kind="stable")
+    step = _Step(out, np.asarray(sizes, dtype=np.int64).tolist(),
+                 np.asarray(costs, dtype=np.float64).tolist(), ranks, int(capacity))
+    dp = len(step.rank_cost)
+    for _ in range(fill_rounds):
+        mean = sum(step.rank_cost) / dp
+        above = sorted((r for r in range(dp) if step.rank_cost[r] > mean),
+                       key=lambda r: -step.rank_cost[r])
         changed = False
-        for k in range(len(order) // 2):
-            heavy, light = int(order[k]), int(order[-1 - k])
-            changed |= _fill(step, heavy, light)
-            for _ in range(transfers_per_pair):
-                if not _transfer(step, heavy, light):
-                    break
-                changed = True
+        for heavy in above:
+            light = min(range(dp), key=step.rank_cost.__getitem__)
+            share = min(step.rank_cost[heavy] - mean, mean - step.rank_cost[light])
+            changed |= _fill(step, heavy, light, share)
         if not changed:
+            break
+    for _ in range(evens_per_rank * dp):
+        by_cost = sorted(range(dp), key=step.rank_cost.__getitem__)
+        heavy = by_cost[-1]
+        if not any(_even(step, heavy, light) for light in by_cost[:PARTNERS]):
             break
     return out
 
 
-def _fill(step: _Step, heavy: int, light: int) -> bool:
+def _fill(step: _Step, heavy: int, light: int, share: float) -> bool:
     """Move ``heavy``'s examples, costliest first, into the best-fitting bins of ``light``
-    while the cost moved stays within half the pair's gap (each move brings the pair closer
-    to even); a bin keeps at least one example. False if nothing moved."""
-    remaining = float(step.rank_cost[heavy] - step.rank_cost[light]) / 2
-    targets = [b for b in step.rank_bins[light] if step.movable[b]]
-    if remaining <= 0 or not targets:
+    while the cost moved stays within ``share``; a bin keeps at least one example. False if
+    nothing moved."""
+    targets = step.targets(light)
+    if share <= 0 or not targets:
         return False
-    items, owner = step.items(heavy)
-    if items.size == 0:
+    room = [step.capacity - step.load[b] for b in targets]
+    widest = max(room)
+    costs, items, owners = step.items(heavy)
+    left = share
+    moves: list[tuple[int, int, int]] = []
+    count: dict[int, int] = {}
+    k = bisect_right(costs, left) - 1
+    while k >= 0:
+        item, source = items[k], owners[k]
+        s = step.size[item]
+        n = count.get(source, step.count[source])
+        if s > widest or n < 2:
+            k -= 1
+            continue
+        best, slack = -1, widest + 1
+        for t, r in enumerate(room):
+            if s <= r < s + slack:
+                best, slack = t, r - s
+        room[best] -= s
+        widest = max(room)
+        count[source] = n - 1
+        left -= costs[k]
+        moves.append((item, source, targets[best]))
+        k = min(k - 1, bisect_right(costs, left) - 1)  # the costliest that still fits the share
+    if not moves:
         return False
-    room = [step.capacity - int(step.load[b]) for b in targets]
-    c_h = step.cost[items]
-    # Only examples that fit the roomiest bin and stay within the gap can go (checked anew
-    # below, as rooms shrink): few, when bins are full.
-    may = np.flatnonzero((c_h <= remaining) & (step.size[items] <= max(room))
-                         & (step.count[owner] > 1))
-    moved = 0.0
-    for p in may[np.argsort(-c_h[may], kind="stable")].tolist():
-        item, source, c = int(items[p]), int(owner[p]), float(c_h[p])
-        if c > remaining - moved or step.count[source] < 2:
-            continue
-        s = int(step.size[item])
-        fits = [(r - s, t) for t, r in enumerate(room) if r >= s]
-        if not fits:
-            continue
-        _, t = min(fits)
-        step.shift(item, source, targets[t])
-        room[t] -= s
-        moved += c
-    step.rank_cost[heavy] -= moved
-    step.rank_cost[light] += moved
-    return moved > 0
+    step.apply(moves, heavy, light)
+    return True
 
 
-def _transfer(step: _Step, heavy: int, light: int) -> bool:
+def _even(step: _Step, heavy: int, light: int) -> bool:
     """Make the move or swap that brings ``heavy`` and ``light`` closest to even; False if
     none lowers the heavier cost."""
-    gap = float(step.rank_cost[heavy] - step.rank_cost[light])
+    gap = step.rank_cost[heavy] - step.rank_cost[light]
     if gap <= 0:
         return False
-    items, owner = step.items(heavy)
-    if items.size == 0:
+    costs, items, owners = step.items(heavy)
+    if not items:
         return False
-    c_h, s_h = step.cost[items], step.size[items]
-    # A transfer of cost d (0 < d < gap) leaves the pair's larger cost at top - min(d, gap - d).
-    best_gain = 0.0
-    best: tuple[int, int, int, int | None] | None = None
-
-    targets = np.asarray([b for b in step.rank_bins[light] if step.movable[b]], dtype=np.int64)
-    if targets.size:
-        room = step.capacity - step.load[targets]
-        ok = (step.count[owner] > 1) & (s_h <= room.max()) & (c_h < gap)
-        if ok.any():
-            gain = np.where(ok, np.minimum(c_h, gap - c_h), 0.0)
-            i = int(np.argmax(gain))
-            if gain[i] > best_gain:
-                slack = np.where(s_h[i] <= room, room - s_h[i], np.iinfo(np.int64).max)
-                best_gain = float(gain[i])
-                best = (int(items[i]), int(owner[i]), int(targets[int(np.argmin(slack))]), None)
-
-    others, other_owner = step.items(light)
-    if others.size:
-        by_cost = np.argsort(step.cost[others], kind="stable")
-        others, other_owner = others[by_cost], other_owner[by_cost]
-        c_l, s_l = step.cost[others], step.size[others]
-        # For each example of the heavy rank, the light rank's examples nearest the ideal
-        # partner cost c - gap / 2.
-        at = np.searchsorted(c_l, c_h - gap / 2)
-        near = np.clip(at[:, None] + np.arange(-SWAP_NEIGHBOURS // 2, SWAP_NEIGHBOURS // 2),
-                       0, others.size - 1)
-        delta = c_h[:, None] - c_l[near]
-        grow = s_h[:, None] - s_l[near]  # tokens the light rank's bin gains
-        ok = ((delta > 0) & (delta < gap)
-              & (grow <= (step.capacity - step.load[other_owner[near]]))
-              & (-grow <= (step.capacity - step.load[owner])[:, None]))
-        if ok.any():
-            gain = np.where(ok, np.minimum(delta, gap - delta), 0.0)
-            flat = int(np.argmax(gain))
-            i, j = divmod(flat, gain.shape[1])
-            if gain[i, j] > best_gain:
-                other = int(near[i, j])
-                best = (int(items[i]), int(owner[i]), int(other_owner[other]), int(others[other]))
-
+    # A transfer of cost d (0 < d < gap) leaves the pair's larger cost lower by min(d, gap - d).
+    best_gain, best = 0.0, None
+    targets = step.targets(light)
+    if targets:
+        room = [step.capacity - step.load[b] for b in targets]
+        widest = max(room)
+        at = bisect_left(costs, gap / 2)
+        for k in range(max(0, at - NEIGHBOURS), min(len(costs), at + NEIGHBOURS)):
+            c, item, source = costs[k], items[k], owners[k]
+            gain = min(c, gap - c)
+            if gain <= best_gain or step.count[source] < 2 or step.size[item] > widest:
+                continue
+            s = step.size[item]
+            fit = min((r - s, t) for t, r in enumerate(room) if r >= s)[1]
+            best_gain, best = gain, [(item, source, targets[fit])]
+    swap = _best_swap(step, heavy, light, gap, best_gain)
+    if swap is not None:
+        best = swap
     if best is None:
         return False
-    item, source, target, swapped = best
-    step.shift(item, source, target)
-    moved = step.cost[item]
-    if swapped is not None:
-        step.shift(swapped, target, source)
-        moved -= step.cost[swapped]
-    step.rank_cost[heavy] -= moved
-    step.rank_cost[light] += moved
+    step.apply(best, heavy, light)
     return True
+
+
+def _best_swap(step: _Step, heavy: int, light: int, gap: float, floor: float
+               ) -> list[tuple[int, int, int]] | None:
+    """The swap of an example of ``heavy`` for one of ``light`` that brings the pair closest to
+    even, with a gain above ``floor``; each of ``heavy``'s examples is tried against the
+    ``light`` examples nearest in cost to its ideal partner (cost minus half the gap)."""
+    h, lt = step.arrays(heavy), step.arrays(light)
+    if not h.item.size or not lt.item.size:
+        return None
+    at = np.searchsorted(lt.cost, h.cost - gap / 2)
+    near = np.clip(at[:, None] + np.arange(-NEIGHBOURS, NEIGHBOURS), 0, lt.item.size - 1)
+    delta = h.cost[:, None] - lt.cost[near]
+    gain = np.minimum(delta, gap - delta)
+    grow = h.size[:, None] - lt.size[near]  # tokens the light rank's bin gains
+    load = np.asarray(step.load, dtype=np.int64)
+    ok = ((gain > floor) & (grow <= step.capacity - load[lt.owner[near]])
+          & (-grow <= (step.capacity - load[h.owner])[:, None]))
+    if not ok.any():
+        return None
+    flat = int(np.argmax(np.where(ok, gain, -np.inf)))
+    i, j = divmod(flat, near.shape[1])
+    other = int(near[i, j])
+    item, source = int(h.item[i]), int(h.owner[i])
+    partner, target = int(lt.item[other]), int(lt.owner[other])
+    return [(item, source, target), (partner, target, source)]

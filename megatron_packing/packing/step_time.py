@@ -67,8 +67,8 @@ def assign_work(bin_lengths: Sequence[Sequence[int]], dp: int, capacity: int, me
         positions.append(list(range(start, start + len(b))))
         start += len(b)
     moved = rebalance_examples(positions, flat, sequence_cost(flat, attention_constant), ranks,
-                               capacity, rounds=tunables.rebalance_rounds,
-                               transfers_per_pair=tunables.rebalance_transfers_per_pair)
+                               capacity, fill_rounds=tunables.rebalance_fill_rounds,
+                               evens_per_rank=tunables.rebalance_evens_per_rank)
     return [[int(flat[p]) for p in b] for b in moved], ranks
 
 

@@ -46,8 +46,8 @@ def steps(draw):
     bins = [bins[b] for b in order]
     constant = draw(st.sampled_from([8.0, 64.0, 24576.0]))
     return dict(bins=bins, sizes=np.asarray(sizes), capacity=capacity, dp=dp,
-                constant=constant, costs=sequence_cost(sizes, constant), rounds=draw(st.integers(0, 4)),
-                transfers=draw(st.integers(0, 4)))
+                constant=constant, costs=sequence_cost(sizes, constant), fill_rounds=draw(st.integers(0, 4)),
+                evens=draw(st.integers(0, 3)))
 
 
 @settings(max_examples=300, deadline=None)
@@ -55,8 +55,8 @@ def steps(draw):
 def test_what_a_rebalance_keeps_and_that_the_slowest_rank_never_slows(s) -> None:
     bins, sizes, costs, capacity = s["bins"], s["sizes"], s["costs"], s["capacity"]
     ranks = assign_bins_to_ranks(bin_costs(bins, sizes, s["constant"]), s["dp"])
-    out = rebalance_examples(bins, sizes, costs, ranks, capacity, rounds=s["rounds"],
-                             transfers_per_pair=s["transfers"])
+    out = rebalance_examples(bins, sizes, costs, ranks, capacity, fill_rounds=s["fill_rounds"],
+                             evens_per_rank=s["evens"])
     assert len(out) == len(bins)
     assert sorted(i for b in out for i in b) == sorted(i for b in bins for i in b)
     for before, after in zip(bins, out, strict=True):
@@ -66,15 +66,15 @@ def test_what_a_rebalance_keeps_and_that_the_slowest_rank_never_slows(s) -> None
         else:
             assert sum(sizes[after]) <= capacity
     assert max(_rank_costs(out, costs, ranks)) <= max(_rank_costs(bins, costs, ranks)) * (1 + 1e-12)
-    assert rebalance_examples(bins, sizes, costs, ranks, capacity, rounds=s["rounds"],
-                              transfers_per_pair=s["transfers"]) == out  # deterministic
+    assert rebalance_examples(bins, sizes, costs, ranks, capacity, fill_rounds=s["fill_rounds"],
+                              evens_per_rank=s["evens"]) == out  # deterministic
 
 
 def test_one_move_evens_two_ranks() -> None:
     # Rank 0 holds bin 0 (sizes 5 and 4), rank 1 bin 1 (size 1); costs are the sizes.
     sizes = np.array([5, 4, 1])
     out = rebalance_examples([[0, 1], [2]], sizes, sizes.astype(float), [[0], [1]], 10,
-                             rounds=4, transfers_per_pair=1)
+                             fill_rounds=4, evens_per_rank=1)
     assert out == [[0], [2, 1]]
 
 
@@ -83,7 +83,7 @@ def test_a_swap_evens_two_ranks_where_no_move_fits() -> None:
     # would make rank 1 the slower; swapping the 4 for a 3 makes both 8.
     sizes = np.array([5, 4, 3, 3, 1])
     out = rebalance_examples([[0, 1], [2, 3, 4]], sizes, sizes.astype(float), [[0], [1]], 9,
-                             rounds=4, transfers_per_pair=1)
+                             fill_rounds=4, evens_per_rank=1)
     assert out == [[0, 2], [3, 4, 1]]
     assert _rank_costs(out, sizes.astype(float), [[0], [1]]) == [8.0, 8.0]
 
@@ -92,7 +92,7 @@ def test_a_full_bin_takes_nothing_and_a_single_example_stays() -> None:
     sizes = np.array([8, 2, 7])
     # Bin 1 is full (capacity 9 with 7 + 2): the 2 cannot join it; bin 0's 8 cannot leave.
     out = rebalance_examples([[0], [2]], sizes, sizes.astype(float), [[0], [1]], 9,
-                             rounds=4, transfers_per_pair=1)
+                             fill_rounds=4, evens_per_rank=1)
     assert out == [[0], [2]]
 
 
@@ -101,24 +101,24 @@ def test_every_bin_keeps_an_example() -> None:
     # Moving a 3 would empty its bin; swapping a 3 for a 1 evens the ranks at 4.
     sizes = np.array([3, 3, 1, 1])
     out = rebalance_examples([[0], [1], [2], [3]], sizes, sizes.astype(float), [[0, 1], [2, 3]],
-                             10, rounds=4, transfers_per_pair=1)
+                             10, fill_rounds=4, evens_per_rank=1)
     assert out == [[2], [1], [0], [3]]
 
 
 def test_the_fill_leaves_each_bin_an_example() -> None:
     # Rank 0: bin 0 holds two examples of cost 2, bin 2 one of 10; rank 1: bin 1, cost 1.
-    # Half the gap (6.5) would take both 2s, but bin 0 keeps one; the 10 is alone.
+    # The mean (7.5) would let both 2s go, but bin 0 keeps one; the 10 is alone.
     sizes = np.array([2, 2, 1, 10])
     out = rebalance_examples([[0, 1], [2], [3]], sizes, sizes.astype(float), [[0, 2], [1]],
-                             100, rounds=1, transfers_per_pair=0)
-    assert out == [[1], [2, 0], [3]]
+                             100, fill_rounds=1, evens_per_rank=0)
+    assert out == [[0], [2, 1], [3]]
 
 
 def test_a_placeholder_bin_takes_nothing() -> None:
     # Rank 1's only bin with examples has room 2; its empty placeholder bin would take the 3.
     sizes = np.array([3, 3, 2, 4])
     out = rebalance_examples([[0, 1], [2], [], [3]], sizes, sizes.astype(float),
-                             [[0, 1], [2, 3]], 6, rounds=4, transfers_per_pair=1)
+                             [[0, 1], [2, 3]], 6, fill_rounds=4, evens_per_rank=1)
     assert out == [[0, 1], [2], [], [3]]
 
 
@@ -127,7 +127,8 @@ def test_a_swap_keeps_both_bins_within_capacity_whatever_the_costs() -> None:
     # example for the fast rank's longer one would overfill bin 0 (room 1, the newcomer 2 longer).
     sizes = np.array([2, 6, 4])
     costs = np.array([5.0, 1.0, 1.0])
-    out = rebalance_examples([[0, 1], [2]], sizes, costs, [[0], [1]], 9, rounds=4, transfers_per_pair=1)
+    out = rebalance_examples([[0, 1], [2]], sizes, costs, [[0], [1]], 9, fill_rounds=4,
+                             evens_per_rank=1)
     assert out == [[0, 1], [2]]
 
 
@@ -135,44 +136,44 @@ def test_the_budget_and_one_rank_leave_the_bins_as_they_are() -> None:
     sizes = np.array([5, 4, 1])
     bins = [[0, 1], [2]]
     assert rebalance_examples(bins, sizes, sizes.astype(float), [[0], [1]], 10,
-                              rounds=0, transfers_per_pair=1) == bins
+                              fill_rounds=0, evens_per_rank=0) == bins
     assert rebalance_examples(bins, sizes, sizes.astype(float), [[0, 1]], 10,
-                              rounds=4, transfers_per_pair=1) == bins
+                              fill_rounds=4, evens_per_rank=1) == bins
 
 
-def test_the_fill_moves_the_costliest_examples_within_half_the_gap() -> None:
-    # Rank 0 costs 16 (7, 5, 3, 1 in one bin), rank 1 costs 2: half the gap is 7. The 7 goes
-    # first; nothing else fits in what is left of the 7, so one move evens them at 9.
+def test_the_fill_moves_the_costliest_examples_down_to_the_mean() -> None:
+    # Rank 0 costs 16 (7, 5, 3, 1 in one bin), rank 1 costs 2: the mean is 9, 7 to move. The 7
+    # goes first; nothing is left to move, so one move evens them at 9.
     sizes = np.array([7, 5, 3, 1, 2])
     out = rebalance_examples([[0, 1, 2, 3], [4]], sizes, sizes.astype(float), [[0], [1]], 100,
-                             rounds=1, transfers_per_pair=0)
+                             fill_rounds=1, evens_per_rank=0)
     assert out == [[1, 2, 3], [4, 0]]
-    # With rank 1's example costing nothing, half the gap is 8: the 7 goes, the 5 and the 3
-    # would overshoot, the 1 fills it exactly.
+    # With rank 1's example costing nothing, 8 is to move: the 7 goes, the 5 and the 3 would
+    # overshoot, the 1 fills it exactly.
     costs = np.array([7.0, 5.0, 3.0, 1.0, 0.0])
     out = rebalance_examples([[0, 1, 2, 3], [4]], sizes, costs, [[0], [1]], 100,
-                             rounds=1, transfers_per_pair=0)
+                             fill_rounds=1, evens_per_rank=0)
     assert out == [[1, 2], [4, 0, 3]]
 
 
-@pytest.mark.parametrize("rounds", [1, 2, 3])
-def test_each_round_pairs_the_ranks_anew(rounds: int) -> None:
-    # Both bins full: only swaps help. One transfer per pair and round: the first swap of a
-    # 3 for a 1 takes rank 0 from 12 to 10, the second to 8, even.
-    sizes = np.full(8, 2)
-    costs = np.array([3.0] * 4 + [1.0] * 4)
-    out = rebalance_examples([[0, 1, 2, 3], [4, 5, 6, 7]], sizes, costs, [[0], [1]], 8,
-                             rounds=rounds, transfers_per_pair=1)
-    assert _rank_costs(out, costs, [[0], [1]])[0] == [12.0, 10.0, 8.0, 8.0][rounds]
+@pytest.mark.parametrize("evens, heavy", [(0, 18.0), (1, 14.0), (2, 12.0), (5, 12.0)])
+def test_the_evens_budget_counts_transfers_per_rank(evens: int, heavy: float) -> None:
+    # Both bins full: only swaps help, each of a 3 for a 1 moving 2 of the 12 gap. Two ranks
+    # with one even each make two swaps; evening them takes three, and then none helps.
+    sizes = np.full(12, 2)
+    costs = np.array([3.0] * 6 + [1.0] * 6)
+    out = rebalance_examples([list(range(6)), list(range(6, 12))], sizes, costs, [[0], [1]], 12,
+                             fill_rounds=4, evens_per_rank=evens)
+    assert _rank_costs(out, costs, [[0], [1]])[0] == heavy
 
 
-def test_every_pair_of_ranks_evens_in_one_round() -> None:
-    # Ranks 0 and 1 are heavy (6), 2 and 3 light (2): one round pairs 0 with 3 and 1 with 2,
-    # and one move per pair evens all four at 4.
+def test_every_rank_above_the_mean_fills_from_the_lightest_in_one_round() -> None:
+    # Ranks 0 and 1 are heavy (6), 2 and 3 light (2): rank 0 gives its 2 to rank 2, then
+    # rank 1, with rank 3 now the lightest, gives its 2 to rank 3; all four at 4.
     sizes = np.array([4, 2, 4, 2, 2, 2])
     bins = [[0, 1], [2, 3], [4], [5]]
     ranks = [[0], [1], [2], [3]]
-    out = rebalance_examples(bins, sizes, sizes.astype(float), ranks, 10, rounds=1,
-                             transfers_per_pair=1)
+    out = rebalance_examples(bins, sizes, sizes.astype(float), ranks, 10, fill_rounds=1,
+                             evens_per_rank=0)
     assert _rank_costs(out, sizes.astype(float), ranks) == [4.0, 4.0, 4.0, 4.0]
-    assert out == [[0], [2], [4, 3], [5, 1]]
+    assert out == [[0], [2], [4, 1], [5, 3]]

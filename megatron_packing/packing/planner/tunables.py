@@ -75,17 +75,17 @@ class PlannerTunables:
     here) may make before it gives up. Basis: inherited, no measurement of its own. Sweep: no
     change at 4 or 16."""
 
-    rebalance_rounds: int = 4
-    """With ``rank_assignment: rebalanced``, rounds of pairing the ranks heaviest with
-    lightest. Basis: ``benchmarks/bench_rank_rebalance.py --rounds R`` on the nine held-out
-    geometries (``benchmarks/results/bench_rank_rebalance_sweep.md``): mean slowest / mean rank
-    1.0273 at 2, 1.0227 at 4, 1.0225 at 8 (this planner), the planning time's largest
-    median 16, 15 and 36 ms."""
+    rebalance_fill_rounds: int = 4
+    """With ``rank_assignment: rebalanced``, rounds of the fill (every rank above the mean
+    moves examples to the lightest). Basis: ``benchmarks/bench_rank_rebalance.py
+    --fill-rounds R`` (``results/bench_rank_rebalance_sweep.md``): 2, 4 and 8 end alike on the
+    held-out geometries (mean slowest / mean rank 1.0188); at B 4096 / 128K / dp 64, 2 ends
+    better (1.0728 against 1.0964) but plans about 1-2 ms slower a step."""
 
-    rebalance_transfers_per_pair: int = 1
-    """With ``rank_assignment: rebalanced``, closest-to-even moves or swaps per pair of ranks in
-    a round, after the fill. Basis: the same sweep: 1.0275 at 0, 1.0227 at 1 and at 2 (the
-    largest median planning time 13, 15 and 22 ms)."""
+    rebalance_evens_per_rank: int = 1
+    """With ``rank_assignment: rebalanced``, closest-to-even moves or swaps of the slowest rank
+    after the fill, per rank of the step. Basis: the same sweep (``--evens E``): 1.0283 at 0,
+    1.0188 at 1 and at 2; at B 4096 / dp 64, 1.3488 at 0, 1.0964 at 1 and at 2."""
 
     grid_cache_cells: int = 256
     """(boundary x next boundary) grids of at least this many cells are remembered across steps;
