@@ -194,10 +194,16 @@ def import_megatron_training() -> None:
                           ) from error
 
 
+# Seconds the ranks other than 0 wait before exiting on a start-up refusal (see `run`).
+REFUSAL_GRACE_S = 5.0
+
+
 def run(argv: list[str] | None = None, *, program_start: float | None = None) -> int:
     """`main`, with a user's mistake reported as one line and exit code 2, no traceback.
 
-    Every rank meets the same start-up refusal, so only global rank 0 prints it. Anything else
+    Every rank meets the same start-up refusal, so only global rank 0 prints it; the others
+    wait `REFUSAL_GRACE_S` before they exit, since torchrun ends every rank once one exits and a
+    rank 0 running late (a loaded node) would otherwise be ended before it prints. Anything else
     keeps its traceback: it is a fault or a bug, not a setting to change.
     """
     import os
@@ -212,6 +218,8 @@ def run(argv: list[str] | None = None, *, program_start: float | None = None) ->
             CorruptStoreError) as error:
         if os.environ.get("RANK", "0") == "0":
             print(f"megatron_packing.megatron_lm: error: {error}", file=sys.stderr, flush=True)
+        else:
+            time.sleep(REFUSAL_GRACE_S)
         return 2
 
 

@@ -207,6 +207,26 @@ def test_refusal_comes_before_any_model_is_built(sft_data, tmp_path):
     assert "[rank0]: Traceback" not in run.output and "[rank1]: Traceback" not in run.output
 
 
+@requires_megatron_lm
+def test_only_rank_0_prints_a_refusal_and_the_other_ranks_wait_before_they_exit(monkeypatch,
+                                                                               capsys):
+    # torchrun ends every rank once one exits: a rank other than 0 that exited at once could
+    # end a rank 0 running late before it printed the refusal.
+    from megatron_packing.megatron_lm import entry
+
+    waits: list[float] = []
+    monkeypatch.setattr(entry.time, "sleep", waits.append)
+    for rank in ("1", "0"):
+        monkeypatch.setenv("RANK", rank)
+        assert entry.run(["--packing-config", "sft.yaml"]) == 2
+        printed = capsys.readouterr().err
+        if rank == "1":
+            assert waits == [entry.REFUSAL_GRACE_S] and "error:" not in printed
+        else:
+            assert waits == [entry.REFUSAL_GRACE_S]  # rank 0 does not wait
+            assert printed.count("megatron_packing.megatron_lm: error: Megatron-LM arguments") == 1
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("packing:\n  seed: 1\n", "data.paths is empty"),
     ("data:\n  paths: [train.jsonl]\n", "data.tokenizer is empty"),
