@@ -169,7 +169,7 @@ class PlannerConfig:
     """Packer runs per step in the search on large windows; None searches the whole window."""
     max_deferred_examples: int = 0
     """A step that cannot align may leave up to this many examples for the next step (0: off)."""
-    rank_assignment: str = "karmarkar_karp"
+    rank_assignment: str = "rebalanced"
     """How a step's work goes to DP ranks: whole bins by balanced estimated cost, then examples
     moved to the fastest ranks (`rebalanced`); whole bins only; or round robin."""
     attention_cost_constant: float = DEFAULT_ATTENTION_COST_CONSTANT

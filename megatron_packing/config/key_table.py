@@ -34,8 +34,9 @@ MEANINGS: dict[str, str] = {
     "base_order": "`random` (seeded shuffle per epoch) or `sequential`",
     "seed": "seeds the example order (and nothing else)",
     "rank_assignment": "work to ranks, by the cost `s + s^2/k`: whole bins balanced, then "
-                       "examples moved from the slowest rank to the fastest (`rebalanced`); "
-                       "whole bins only (`karmarkar_karp`); or `round_robin`",
+                       "examples moved from the ranks above the mean to the lightest "
+                       "(`rebalanced`); whole bins only (`karmarkar_karp`, the earlier default: "
+                       "runs checkpointed under it resume with it); or `round_robin`",
     "attention_cost_constant": "k in the cost, about 6 x hidden size",
     "pad_bins_to_capacity": "pad every row to exactly C (static shapes, pipeline parallel)",
     "lookahead_steps": "steps planned together when choosing a boundary (1 = greedy)",

@@ -25,7 +25,8 @@ from megatron_packing.stream.fetch import FetchedExampleError, PlannedDataset
 
 pytestmark = pytest.mark.filterwarnings("ignore:a step of about")
 
-# Recorded with the collator that laid out each row itself (before plans carried layouts).
+# Recorded with the collator that laid out each row itself (before plans carried layouts), when
+# whole bins went to ranks: `thd_digest` keeps `rank_assignment: karmarkar_karp` for them.
 RECORDED = {
     "tp2 cp2 truncate": ({"tp_size": 2, "cp_size": 2, "oversize_policy": "truncate"},
                          "bad93f3f509644ca463d9d09f8644ad0"),
@@ -43,7 +44,7 @@ def thd_digest(keys: dict, dp: int = 4) -> tuple[str, dict[str, int]]:
     dataset = SyntheticSFT(mixed_lengths(98, seed=5, low=4, high=1400))
     config = PackingConfig(global_batch_size=24, bin_capacity=1024, align_packing_bins_to_dp=True,
                            packing_batch_size_allowed_variation=0.25, base_order="sequential",
-                           **keys)
+                           rank_assignment="karmarkar_karp", **keys)
     digest = hashlib.sha256()
     seen = {"rows": 0, "placeholders": 0, "truncated": 0}
     with warnings.catch_warnings():

@@ -65,7 +65,7 @@ ORDER_CHANGES = [
     ("lookahead", dict(lookahead_steps=1), "lookahead_steps", 6, 1),
     ("oversize_policy", dict(oversize_policy="own_bin"), "oversize_policy", "error", "own_bin"),
     ("rank_assignment", dict(rank_assignment="round_robin"), "rank_assignment",
-     "karmarkar_karp", "round_robin"),
+     "rebalanced", "round_robin"),
 ]
 
 

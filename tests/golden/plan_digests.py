@@ -29,6 +29,7 @@ PACKED_GEOMETRIES: list[tuple[str, int, int, int, int, dict[str, Any]]] = [
     ("96/4K/dp2 round robin", 96, 4096, 2, 30, {"rank_assignment": "round_robin",
                                                "lookahead_steps": 1}),
     ("128/4K/dp8 fixed B", 128, 4096, 8, 30, {"align_to_dp": False}),
+    ("128/4K/dp8 whole bins", 128, 4096, 8, 40, {"rank_assignment": "karmarkar_karp"}),
     ("1024/64K/dp8", 1024, 65536, 8, 6, {}),
 ]
 

@@ -21,16 +21,17 @@ from .plan_digests import (
 )
 
 EXPECTED = {
-    "128/4K/dp8": "92a127e8d9f13da16af44756bb8b5009",
-    "128/4K/dp8 deferral": "77d6148baeffafd7c9c12f4abe70c240",
-    "256/16K/dp4 ffd": "e0785b0014cb26ac473ed8f45e819a99",
-    "64/8K/dp4 bfd tp2 cp2": "2d4479efb0de4a9183483a8dfbd1aeaf",
+    "128/4K/dp8": "93196afc84e7566ed60b727d9cbe31f7",
+    "128/4K/dp8 deferral": "1d57e6822107cf32b7a14bf4ebcd2545",
+    "256/16K/dp4 ffd": "d0f829ec557850cc43ff2c59f1ac0360",
+    "64/8K/dp4 bfd tp2 cp2": "6ae412bdbb5a0f8cec77d50998a10337",
     "96/4K/dp2 round robin": "ef3141494d061bdc7d21b77c14f88759",
-    "128/4K/dp8 fixed B": "ad083199665398105100328e23fb2f6b",
-    "1024/64K/dp8": "cdf22d4e5972fe937e1c61c2f0fd0beb",
+    "128/4K/dp8 fixed B": "e6556cbc0f4417d4e08bc80ee8093380",
+    "128/4K/dp8 whole bins": "92a127e8d9f13da16af44756bb8b5009",
+    "1024/64K/dp8": "2f79692e3a0e92264973c3dd8cfd9f05",
     "padded 64/dp4 budget 16K": "7c7231dd8fc42dc5705151cfe2ce54d0",
     "padded 48/dp2 mbs 4": "48f6830e58ae5934d65362badecde238",
-    "config 64/8K/dp4 seed 99": "3f9b96544274fa9ecb30b48797970801",
+    "config 64/8K/dp4 seed 99": "01e2574b4b7907a29e9846acbff0dad5",
 }
 
 
