@@ -132,6 +132,18 @@ def test_a_swap_keeps_both_bins_within_capacity_whatever_the_costs() -> None:
     assert out == [[0, 1], [2]]
 
 
+def test_the_slowest_rank_tries_the_next_lightest_when_the_lightest_can_take_nothing() -> None:
+    # Rank 1 is the lightest but its one bin is full (an example of size 10, cost 1); rank 2
+    # has room. The slowest rank (0, cost 9) gives its 4 to rank 2: the slowest is then 7.
+    sizes = np.array([5, 4, 10, 1])
+    costs = np.array([5.0, 4.0, 1.0, 3.0])
+    ranks = [[0], [1], [2]]
+    out = rebalance_examples([[0, 1], [2], [3]], sizes, costs, ranks, 10, fill_rounds=4,
+                             evens_per_rank=1)
+    assert out == [[0], [2], [3, 1]]
+    assert _rank_costs(out, costs, ranks) == [5.0, 1.0, 7.0]
+
+
 def test_the_budget_and_one_rank_leave_the_bins_as_they_are() -> None:
     sizes = np.array([5, 4, 1])
     bins = [[0, 1], [2]]
