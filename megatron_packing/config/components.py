@@ -171,7 +171,7 @@ class PlannerConfig:
     """A step that cannot align may leave up to this many examples for the next step (0: off)."""
     rank_assignment: str = "rebalanced"
     """How a step's work goes to DP ranks: whole bins by balanced estimated cost, then examples
-    moved to the fastest ranks (`rebalanced`); whole bins only; or round robin."""
+    moved to the lightest ranks (`rebalanced`); whole bins only; or round robin."""
     attention_cost_constant: float = DEFAULT_ATTENTION_COST_CONSTANT
     """k in the per-sequence cost s + s^2/k used to balance ranks (about 6 x hidden size)."""
 

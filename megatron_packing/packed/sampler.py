@@ -302,23 +302,22 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
         else:
             taken = window
         step_lengths = self.effective_lengths[taken]
+        kept, padded = self.effective_lengths[window], self.padded_lengths[window]
         step_bins = decision.bins
-        costs = bin_costs(step_bins, self.effective_lengths[window], self.attention_cost_constant)
+        costs = bin_costs(step_bins, kept, self.attention_cost_constant)
         assignment = assign_bins_to_ranks(costs, self.dp_size, method=self.rank_assignment)
         if self.rank_assignment == RankAssignment.REBALANCED:
             tunables = self.sizer.tunables
             step_bins = rebalance_examples(
-                step_bins, self.padded_lengths[window],
-                sequence_cost(self.effective_lengths[window], self.attention_cost_constant),
+                step_bins, padded, sequence_cost(kept, self.attention_cost_constant),
                 assignment, self.packer.usable_capacity,
                 fill_rounds=tunables.rebalance_fill_rounds,
                 evens_per_rank=tunables.rebalance_evens_per_rank)
-            costs = bin_costs(step_bins, self.effective_lengths[window], self.attention_cost_constant)
+            costs = bin_costs(step_bins, kept, self.attention_cost_constant)
         taken_list = taken.tolist()
         window_list = window.tolist()
         bins = tuple(tuple(window_list[p] for p in b) for b in step_bins)
-        layouts = self.row_planner.rows(step_bins, self.effective_lengths[window].tolist(),
-                                        self.padded_lengths[window].tolist())
+        layouts = self.row_planner.rows(step_bins, kept.tolist(), padded.tolist())
         truncated = {
             int(i): int(self.effective_lengths[i])
             for i in taken[step_lengths < self.lengths[taken]]

@@ -26,9 +26,10 @@ DEFAULT_ATTENTION_COST_CONSTANT = 24576.0
 class RankAssignment(StrEnum):
     """How a step's work goes to DP ranks.
 
-    ``rebalanced``: whole bins by Karmarkar-Karp, then single examples moved or swapped between
-    the slowest and the fastest ranks' bins (`rebalance.rebalance_examples`); ``karmarkar_karp``:
-    whole bins, balanced cost; ``round_robin``: bin ``i`` to rank ``i % dp``.
+    ``rebalanced`` (the sampler's default): whole bins by Karmarkar-Karp, then single examples
+    moved from the ranks above the mean cost to the lightest, and moved or swapped to even the
+    slowest rank (`rebalance.rebalance_examples`); ``karmarkar_karp``: whole bins, balanced
+    cost; ``round_robin``: bin ``i`` to rank ``i % dp``.
     """
 
     REBALANCED = "rebalanced"

@@ -24,13 +24,19 @@ from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES, PlannerT
 from megatron_packing.packing.rebalance import rebalance_examples
 
 
-def _bin_costs(bin_lengths: Sequence[Sequence[int]], attention_constant: float) -> np.ndarray:
-    flat = [int(s) for b in bin_lengths for s in b]
+def _flatten(bin_lengths: Sequence[Sequence[int]]) -> tuple[np.ndarray, list[list[int]]]:
+    """The lengths of all bins in one array, and each bin as positions into it."""
+    flat = np.asarray([int(s) for b in bin_lengths for s in b], dtype=np.int64)
     positions, start = [], 0
     for b in bin_lengths:
         positions.append(list(range(start, start + len(b))))
         start += len(b)
-    return bin_costs(positions, np.asarray(flat, dtype=np.int64), attention_constant)
+    return flat, positions
+
+
+def _bin_costs(bin_lengths: Sequence[Sequence[int]], attention_constant: float) -> np.ndarray:
+    flat, positions = _flatten(bin_lengths)
+    return bin_costs(positions, flat, attention_constant)
 
 
 def rank_times(bin_lengths: Sequence[Sequence[int]], rank_bins: Sequence[Sequence[int]],
@@ -41,31 +47,18 @@ def rank_times(bin_lengths: Sequence[Sequence[int]], rank_bins: Sequence[Sequenc
     return np.array([float(costs[list(ids)].sum()) for ids in rank_bins])
 
 
-def balanced_rank_bins(bin_lengths: Sequence[Sequence[int]], dp: int,
-                       attention_constant: float = DEFAULT_ATTENTION_COST_CONSTANT) -> list[list[int]]:
-    """Karmarkar-Karp on the same costs as the sampler's, for a plan that carries no ranks of
-    its own, such as the exhaustive reference's."""
-    return assign_bins_to_ranks(_bin_costs(bin_lengths, attention_constant), dp)
-
-
 def assign_work(bin_lengths: Sequence[Sequence[int]], dp: int, capacity: int, method: str,
                 attention_constant: float = DEFAULT_ATTENTION_COST_CONSTANT,
                 tunables: PlannerTunables = DEFAULT_TUNABLES,
                 ) -> tuple[list[list[int]], list[list[int]]]:
-    """(bin lengths, rank bins) of a plan without ranks, handed out as the sampler would with
-    ``method`` (``rebalanced`` moves examples between bins within ``capacity``), so that a
-    reference plan is timed on the same footing as the sampler's."""
-    ranks = assign_bins_to_ranks(_bin_costs(bin_lengths, attention_constant), dp,
-                                 method=RankAssignment.KARMARKAR_KARP
-                                 if method == RankAssignment.REBALANCED else method)
-    lengths = [[int(s) for s in b] for b in bin_lengths]
+    """(bin lengths, rank bins) of a plan without ranks (such as the exhaustive reference's),
+    handed out as the sampler would with ``method`` (``rebalanced`` moves examples between bins
+    within ``capacity``), so that it is timed on the same footing as the sampler's plans."""
+    flat, positions = _flatten(bin_lengths)
+    ranks = assign_bins_to_ranks(bin_costs(positions, flat, attention_constant), dp,
+                                 method=method)
     if method != RankAssignment.REBALANCED:
-        return lengths, ranks
-    flat = np.asarray([s for b in lengths for s in b], dtype=np.int64)
-    positions, start = [], 0
-    for b in lengths:
-        positions.append(list(range(start, start + len(b))))
-        start += len(b)
+        return [[int(s) for s in b] for b in bin_lengths], ranks
     moved = rebalance_examples(positions, flat, sequence_cost(flat, attention_constant), ranks,
                                capacity, fill_rounds=tunables.rebalance_fill_rounds,
                                evens_per_rank=tunables.rebalance_evens_per_rank)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megatron_packing.packing.step_time import balanced_rank_bins, rank_times, step_times
+from megatron_packing.packing.step_time import assign_work, rank_times, step_times
 
 
 def test_a_worked_step():
@@ -34,7 +34,7 @@ def test_equal_tokens_are_unequal_work():
 def test_step_time_is_the_slowest_rank_and_no_less_than_the_mean(bins, dp):
     while len(bins) % dp:
         bins.append([])
-    ranks = balanced_rank_bins(bins, dp)
+    _, ranks = assign_work(bins, dp, 5000, "karmarkar_karp")
     times = rank_times(bins, ranks)
     total = sum(s + s * s / 24576.0 for b in bins for s in b)
     assert times.sum() == pytest.approx(total)
@@ -43,3 +43,16 @@ def test_step_time_is_the_slowest_rank_and_no_less_than_the_mean(bins, dp):
     assert run.imbalance >= 1.0 - 1e-12
     assert run.cv == 0.0  # one step: no spread across steps
     assert np.isclose(run.mean_rank[0], total / dp)
+
+
+def test_a_reference_plan_is_handed_out_as_the_sampler_would():
+    # k huge: costs are the lengths. Whole bins leave rank 0 at 9 and rank 1 at 1; rebalanced,
+    # the 4 moves into bin 1 (same bins per rank, within the capacity 10): 5 and 5.
+    bins = [[5, 4], [1]]
+    whole, ranks = assign_work(bins, 2, 10, "karmarkar_karp", 1e12)
+    assert whole == bins and ranks == [[0], [1]]
+    moved, moved_ranks = assign_work(bins, 2, 10, "rebalanced", 1e12)
+    assert moved == [[5], [1, 4]] and moved_ranks == ranks
+    assert rank_times(moved, ranks, 1e12).tolist() == pytest.approx([5.0, 5.0])
+    # Round robin keeps bin i on rank i % dp.
+    assert assign_work([[1], [2], [3], [4]], 2, 10, "round_robin")[1] == [[0, 2], [1, 3]]

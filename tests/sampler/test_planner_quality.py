@@ -360,6 +360,26 @@ def test_rebalanced_moves_examples_to_the_fastest_ranks_and_whole_bin_methods_do
     assert means["rebalanced"] < means["karmarkar_karp"] - 0.01, means
 
 
+def test_the_sampler_takes_the_rebalance_budget_from_its_tunables():
+    # With no fill round and no even, rebalanced plans are whole-bin plans; with the default
+    # budget they differ. Fails if the sampler ignores either tunable.
+    batch, capacity, dp, steps = 64, 4096, 8, 10
+    lengths = pool_stream(batch * steps, capacity)
+    whole = plans_of(lengths, batch, dp, capacity, steps, rank_assignment="karmarkar_karp")[1]
+    for fill, evens in ((0, 0), (1, 0), (0, 1)):
+        sampler = DPAlignedPackingBatchSampler(
+            SequentialSampler(range(len(lengths))), lengths, batch, dp, bin_capacity=capacity,
+            total_steps=steps, oversize_policy="truncate", rank_assignment="rebalanced")
+        sampler.sizer = StepSizer(sampler.packer, dp, max_deferred=sampler.max_deferred_examples,
+                                  tunables=replace(DEFAULT_TUNABLES, rebalance_fill_rounds=fill,
+                                                   rebalance_evens_per_rank=evens))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plans = [b.plan for b in sampler]
+        same = [p.bins == w.bins for p, w in zip(plans, whole, strict=True)]
+        assert all(same) == (fill == evens == 0), (fill, evens, same)
+
+
 def test_token_fill_and_dp_imbalance_are_reported_as_measured():
     batch, capacity, dp, steps = 128, 4096, 8, 25
     lengths = pool_stream(batch * steps, capacity)
