@@ -78,9 +78,9 @@ class PlannerTunables:
     rebalance_fill_rounds: int = 4
     """With ``rank_assignment: rebalanced``, rounds of the fill (every rank above the mean
     moves examples to the lightest). Basis: ``benchmarks/bench_rank_rebalance.py
-    --fill-rounds R`` (``results/bench_rank_rebalance_sweep.md``): 2, 4 and 8 end alike on the
-    held-out geometries (mean slowest / mean rank 1.0188); at B 4096 / 128K / dp 64, 2 ends
-    better (1.0728 against 1.0964) but plans about 1-2 ms slower a step."""
+    --fill-rounds R`` (``benchmarks/results/bench_rank_rebalance_sweep.md``): 2, 4 and 8 end
+    alike on the held-out geometries (mean slowest / mean rank 1.0188); at B 4096 / 128K /
+    dp 64, 2 ends better (1.0728 against 1.0964) but plans about 1-2 ms slower a step."""
 
     rebalance_evens_per_rank: int = 1
     """With ``rank_assignment: rebalanced``, closest-to-even moves or swaps of the slowest rank
