@@ -7,9 +7,13 @@ balance the ranks. This pass then changes which bin an example sits in, in two p
    costliest first, into the best-fitting bins of the rank that is lightest at that moment,
    while the cost moved keeps both ranks on their side of the mean; rounds repeat until one
    moves nothing or ``fill_rounds`` are done;
-2. even: the slowest rank makes the one move, or swap of two examples, that brings it closest
-   to even with one of the lightest ranks, up to ``evens_per_rank`` x dp times, until the
-   slowest rank finds no such transfer.
+2. even: the slowest rank makes the one transfer that brings it closest to even with one of
+   the lightest ranks, up to ``evens_per_rank`` x dp times, until the slowest rank finds none.
+   A transfer is a move of one example, a swap of two, or an exchange: one example into a bin
+   of the lighter rank that is too full for it, that bin's smallest examples back in its place,
+   just enough of them to make room. Equal tokens are unequal work, so an exchange evens two
+   ranks whose bins are full, where no move fits and a swap of one example for one barely
+   changes the cost.
 
 What it keeps: every bin's size budget (``capacity``, over the packer's aligned sizes), the
 bin count and each rank's bin ids (so the micro-batch count per rank and the step's alignment
@@ -42,7 +46,45 @@ class _Arrays:
         self.cost = np.asarray(costs, dtype=np.float64)
         self.item = np.asarray(items, dtype=np.int64)
         self.owner = np.asarray(owners, dtype=np.int64)
-        self.size = np.asarray([step.size[i] for i in items], dtype=np.int64)
+        self.size = step.sizes[self.item]
+
+
+class _Room:
+    """A rank's movable bins for exchanges: each bin's examples smallest first, and the
+    tokens and cost of every prefix, laid end to end. Bin j's prefix tokens are offset by
+    j x ``span`` (more than any bin holds), so one sorted search answers every bin at once."""
+
+    def __init__(self, step: _Step, rank: int) -> None:
+        self.bins = step.targets(rank)
+        self.span = 2 * step.capacity + 2
+        count = len(self.bins)
+        movable = step.arrays(rank)  # the same examples, by cost
+        ids = np.asarray(self.bins, dtype=np.int64)
+        by_id = np.argsort(ids)
+        where = by_id[np.searchsorted(ids[by_id], movable.owner)]  # each example's bin, 0..count-1
+        order = np.lexsort((movable.item, movable.size, where))  # by bin, then size, then example
+        items, where, sizes = movable.item[order], where[order], movable.size[order]
+        held = np.bincount(where, minlength=count)
+        # Each bin's run of prefixes starts with its own zero: bin j's run begins at
+        # (examples of the bins before it) + j and ends ``held[j]`` places later.
+        self.start = np.concatenate(([0], np.cumsum(held[:-1] + 1))).astype(np.int64)
+        first = np.concatenate(([0], np.cumsum(held)[:-1]))  # bin j's first example, sorted
+        slots = self.start[where] + 1 + (np.arange(items.size) - first[where])
+        within = np.cumsum(sizes) - np.concatenate(([0], np.cumsum(sizes)))[first[where]]
+        cost = movable.cost[order]
+        cost_within = np.cumsum(cost) - np.concatenate(([0.0], np.cumsum(cost)))[first[where]]
+        self.offset = np.arange(count, dtype=np.int64) * self.span
+        self.tokens = np.repeat(self.offset, held + 1)
+        self.tokens[slots] += within
+        self.cost = np.zeros(items.size + count)
+        self.cost[slots] = cost_within
+        self.items = items
+        self.first = first
+        self.free = step.capacity - np.asarray([step.load[b] for b in self.bins], dtype=np.int64)
+
+    def given_back(self, j: int, n: int) -> list[int]:
+        """The ``n`` smallest examples of bin j (of this rank's movable bins)."""
+        return [int(i) for i in self.items[self.first[j]:self.first[j] + n]]
 
 
 class _Step:
@@ -51,6 +93,8 @@ class _Step:
     def __init__(self, bins: list[list[int]], size: list[int], cost: list[float],
                  ranks: Sequence[Sequence[int]], capacity: int) -> None:
         self.bins, self.size, self.cost, self.capacity = bins, size, cost, capacity
+        self.sizes = np.asarray(size, dtype=np.int64)  # the same, as arrays
+        self.costs = np.asarray(cost, dtype=np.float64)
         self.load = [sum(size[i] for i in b) for b in bins]
         self.count = [len(b) for b in bins]
         self.movable = [n > 0 and load <= capacity for n, load in zip(self.count, self.load,
@@ -61,17 +105,23 @@ class _Step:
         for r, ids in enumerate(self.rank_bins):
             for b in ids:
                 self.bin_rank[b] = r
-        self._sorted = [self._sort(r) for r in range(len(self.rank_bins))]
+        self._sorted: dict[int, tuple[list[float], list[int], list[int]]] = {}  # when first asked
         self._arrays: dict[int, _Arrays] = {}
+        self._room: dict[int, _Room] = {}
 
     def _sort(self, rank: int) -> tuple[list[float], list[int], list[int]]:
-        rows = sorted((self.cost[i], i, b) for b in self.rank_bins[rank] if self.movable[b]
-                      for i in self.bins[b])
-        return [x[0] for x in rows], [x[1] for x in rows], [x[2] for x in rows]
+        bins = [b for b in self.rank_bins[rank] if self.movable[b]]
+        items = np.fromiter((i for b in bins for i in self.bins[b]), dtype=np.int64)
+        owners = np.repeat(np.asarray(bins, dtype=np.int64), [len(self.bins[b]) for b in bins])
+        costs = self.costs[items]
+        order = np.lexsort((items, costs))  # by (cost, example), as bisect on the lists expects
+        return costs[order].tolist(), items[order].tolist(), owners[order].tolist()
 
     def items(self, rank: int) -> tuple[list[float], list[int], list[int]]:
         """A rank's examples in movable bins, by (cost, example) ascending: (costs, examples,
         bins), kept sorted as examples move."""
+        if rank not in self._sorted:
+            self._sorted[rank] = self._sort(rank)
         return self._sorted[rank]
 
     def _place(self, rank: int, item: int) -> int:
@@ -87,6 +137,11 @@ class _Step:
         if rank not in self._arrays:
             self._arrays[rank] = _Arrays(self, rank)
         return self._arrays[rank]
+
+    def room(self, rank: int) -> _Room:
+        if rank not in self._room:
+            self._room[rank] = _Room(self, rank)
+        return self._room[rank]
 
     def targets(self, rank: int) -> list[int]:
         return [b for b in self.rank_bins[rank] if self.movable[b]]
@@ -110,20 +165,23 @@ class _Step:
             self.bins[source] = [i for i in self.bins[source] if i not in items]
         for rank in (heavy, light):
             if len(moves) > INCREMENTAL_MOVES:
-                self._sorted[rank] = self._sort(rank)
+                self._sorted.pop(rank, None)  # sorted afresh when next asked
             self._arrays.pop(rank, None)
+            self._room.pop(rank, None)
 
     def _resort(self, item: int, origin: int, dest: int, target: int) -> None:
         """Take ``item`` out of ``origin``'s sorted examples and put it, now in bin ``target``,
-        into ``dest``'s."""
-        costs, items, owners = self._sorted[origin]
-        p = self._place(origin, item)
-        del costs[p], items[p], owners[p]
-        costs, items, owners = self._sorted[dest]
-        p = self._place(dest, item)
-        costs.insert(p, self.cost[item])
-        items.insert(p, item)
-        owners.insert(p, target)
+        into ``dest``'s (a rank not sorted yet is sorted when first asked)."""
+        if origin in self._sorted:
+            costs, items, owners = self._sorted[origin]
+            p = self._place(origin, item)
+            del costs[p], items[p], owners[p]
+        if dest in self._sorted:
+            costs, items, owners = self._sorted[dest]
+            p = self._place(dest, item)
+            costs.insert(p, self.cost[item])
+            items.insert(p, item)
+            owners.insert(p, target)
 
 
 def rebalance_examples(
@@ -230,7 +288,10 @@ def _even(step: _Step, heavy: int, light: int) -> bool:
             best_gain, best = gain, [(item, source, targets[fit])]
     swap = _best_swap(step, heavy, light, gap, best_gain)
     if swap is not None:
-        best = swap
+        best, best_gain = swap
+    exchange = _best_exchange(step, heavy, light, gap, best_gain)
+    if exchange is not None:
+        best = exchange
     if best is None:
         return False
     step.apply(best, heavy, light)
@@ -238,7 +299,7 @@ def _even(step: _Step, heavy: int, light: int) -> bool:
 
 
 def _best_swap(step: _Step, heavy: int, light: int, gap: float, floor: float
-               ) -> list[tuple[int, int, int]] | None:
+               ) -> tuple[list[tuple[int, int, int]], float] | None:
     """The swap of an example of ``heavy`` for one of ``light`` that brings the pair closest to
     even, with a gain above ``floor``; each of ``heavy``'s examples is tried against the
     ``light`` examples nearest in cost to its ideal partner (cost minus half the gap)."""
@@ -260,4 +321,37 @@ def _best_swap(step: _Step, heavy: int, light: int, gap: float, floor: float
     other = int(near[i, j])
     item, source = int(h.item[i]), int(h.owner[i])
     partner, target = int(lt.item[other]), int(lt.owner[other])
-    return [(item, source, target), (partner, target, source)]
+    return [(item, source, target), (partner, target, source)], float(gain[i, j])
+
+
+def _best_exchange(step: _Step, heavy: int, light: int, gap: float, floor: float
+                   ) -> list[tuple[int, int, int]] | None:
+    """The exchange that brings the pair closest to even, with a gain above ``floor``: an
+    example of ``heavy`` goes into a bin of ``light`` without room for it, and that bin's
+    smallest examples, the fewest that make room, go back into the example's bin.
+
+    Under the balance cost, which grows faster than size, the smallest examples carry the
+    least cost per token: the cheapest room to make. The bin keeps the incoming example and
+    the example's bin gets at least one back, so neither is left empty."""
+    h, room = step.arrays(heavy), step.room(light)
+    if not h.item.size or not room.bins:
+        return None
+    load = np.asarray(step.load, dtype=np.int64)
+    free_h = (step.capacity - load[h.owner])[:, None]  # room in each heavy example's bin
+    size = h.size[:, None]
+    need = size - room.free[None, :]  # tokens each light bin must give back (rows: examples)
+    at = np.searchsorted(room.tokens, need + room.offset[None, :], side="left")
+    # No movable example exceeds the capacity, so the need never exceeds the bin's load and
+    # the search stays within bin j's run of prefixes.
+    ok = need > 0  # no need: a move fits (tried as a move)
+    given = room.tokens[at] - room.offset[None, :]  # the fewest smallest examples' tokens
+    ok &= given <= free_h + size  # what comes back fits the example's bin
+    delta = h.cost[:, None] - room.cost[at]
+    gain = np.minimum(delta, gap - delta)
+    ok &= gain > floor
+    if not ok.any():
+        return None
+    i, j = divmod(int(np.argmax(np.where(ok, gain, -np.inf))), len(room.bins))
+    item, source, target = int(h.item[i]), int(h.owner[i]), room.bins[j]
+    back = int(at[i, j] - room.start[j])
+    return [(item, source, target)] + [(m, target, source) for m in room.given_back(j, back)]

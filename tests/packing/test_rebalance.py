@@ -88,6 +88,44 @@ def test_a_swap_evens_two_ranks_where_no_move_fits() -> None:
     assert _rank_costs(out, sizes.astype(float), [[0], [1]]) == [8.0, 8.0]
 
 
+def test_an_exchange_evens_two_ranks_whose_bins_are_full() -> None:
+    # Both bins are full (capacity 100), so no example can move and no one-for-one swap fits.
+    # Costs s + s^2 / 100: rank 0 holds 60 and 40 (96 + 56 = 152), rank 1 five 20s (5 x 24 =
+    # 120). The 40 goes into rank 1's bin and two 20s (the fewest smallest that make room,
+    # cost 48) come back into its place: 144 against 128.
+    sizes = np.array([60, 40, 20, 20, 20, 20, 20])
+    costs = sequence_cost(sizes, 100.0)
+    out = rebalance_examples([[0, 1], [2, 3, 4, 5, 6]], sizes, costs, [[0], [1]], 100,
+                             fill_rounds=4, evens_per_rank=1)
+    assert out == [[0, 2, 3], [4, 5, 6, 1]]
+    assert _rank_costs(out, costs, [[0], [1]]) == [144.0, 128.0]
+
+
+def test_an_exchange_gives_back_the_smallest_examples_first() -> None:
+    # Capacity 100, costs s + s^2 / 100. Rank 1 (59, 12, 7: cost 114.74) is slower than rank 0
+    # (47, 7: 76.58). Moving the 12 would leave 101.30 against 90.02. Better: the 59 goes into
+    # rank 0's bin (46 free, 13 short), which gives back its smallest examples until it fits:
+    # the 7 is not enough, so the 47 too (97.51 against 93.81).
+    sizes = np.array([47, 7, 59, 12, 7])
+    costs = sequence_cost(sizes, 100.0)
+    out = rebalance_examples([[0, 1], [2, 3, 4]], sizes, costs, [[0], [1]], 100,
+                             fill_rounds=0, evens_per_rank=1)
+    assert out == [[2], [3, 4, 1, 0]]
+    assert max(_rank_costs(out, costs, [[0], [1]])) == pytest.approx(97.51)
+
+
+def test_an_exchange_takes_back_no_more_than_the_examples_bin_can_hold() -> None:
+    # Both bins full (capacity 100); costs s + s^2 / 100: rank 0 holds 70 and 30 (119 + 39 =
+    # 158), rank 1 four 25s (125). The 70 into rank 1's bin would need three 25s back (75
+    # tokens, cost 93.75: the ranks at 132.75 and 150.25), but the 70's bin keeps the 30 and
+    # holds only 70 more. The 30 would need two 25s back, costlier than itself. Nothing fits.
+    sizes = np.array([70, 30, 25, 25, 25, 25])
+    costs = sequence_cost(sizes, 100.0)
+    out = rebalance_examples([[0, 1], [2, 3, 4, 5]], sizes, costs, [[0], [1]], 100,
+                             fill_rounds=4, evens_per_rank=1)
+    assert out == [[0, 1], [2, 3, 4, 5]]
+
+
 def test_a_full_bin_takes_nothing_and_a_single_example_stays() -> None:
     sizes = np.array([8, 2, 7])
     # Bin 1 is full (capacity 9 with 7 + 2): the 2 cannot join it; bin 0's 8 cannot leave.
