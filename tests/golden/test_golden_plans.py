@@ -21,17 +21,17 @@ from .plan_digests import (
 )
 
 EXPECTED = {
-    "128/4K/dp8": "93196afc84e7566ed60b727d9cbe31f7",
-    "128/4K/dp8 deferral": "1d57e6822107cf32b7a14bf4ebcd2545",
-    "256/16K/dp4 ffd": "d0f829ec557850cc43ff2c59f1ac0360",
-    "64/8K/dp4 bfd tp2 cp2": "6ae412bdbb5a0f8cec77d50998a10337",
+    "128/4K/dp8": "3bb3cfe2a65130b2e5fc6db22640315a",
+    "128/4K/dp8 deferral": "608bc98d5530bd905d98319d0856a6b6",
+    "256/16K/dp4 ffd": "26e349c7ce9ad3aaf1a7b74579c598ce",
+    "64/8K/dp4 bfd tp2 cp2": "1211f9ecf2a87df92b31a1920f88868a",
     "96/4K/dp2 round robin": "ef3141494d061bdc7d21b77c14f88759",
-    "128/4K/dp8 fixed B": "e6556cbc0f4417d4e08bc80ee8093380",
+    "128/4K/dp8 fixed B": "448da531515947018e9142c83d4d9809",
     "128/4K/dp8 whole bins": "92a127e8d9f13da16af44756bb8b5009",
-    "1024/64K/dp8": "2f79692e3a0e92264973c3dd8cfd9f05",
+    "1024/64K/dp8": "4dc286415bc9df5a8d43fdbbbe38867b",
     "padded 64/dp4 budget 16K": "7c7231dd8fc42dc5705151cfe2ce54d0",
     "padded 48/dp2 mbs 4": "48f6830e58ae5934d65362badecde238",
-    "config 64/8K/dp4 seed 99": "01e2574b4b7907a29e9846acbff0dad5",
+    "config 64/8K/dp4 seed 99": "c63065803cd59ad4d6b5ed1bdf7ca957",
 }
 
 
