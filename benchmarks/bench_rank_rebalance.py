@@ -11,7 +11,11 @@ is inside it). Prints markdown; not a timed test.
     nice -n 10 python benchmarks/bench_rank_rebalance.py [--fill-rounds R] [--evens E] [--out FILE]
 
 ``--fill-rounds`` and ``--evens`` replace `PlannerTunables.rebalance_fill_rounds` and
-``rebalance_evens_per_rank`` (the halved / doubled sweep of those two constants).
+``rebalance_evens_per_rank``. ``--sweep`` halves and doubles each of them instead (0 stands for
+half of 1) and prints the means over the nine geometries, then the same on
+`bench_step_planning.py`'s B 4096 / 128K / dp 64 (mixed pool, 30 steps).
+
+    nice -n 10 python benchmarks/bench_rank_rebalance.py --sweep [--out FILE]
 """
 
 from __future__ import annotations
@@ -28,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_held_out_geometries import GEOMETRIES, MIXES, STEPS  # noqa: E402
 from report import Report  # noqa: E402
 
-from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES  # noqa: E402
+from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES, PlannerTunables  # noqa: E402
 from megatron_packing.reports.pools import find_pool_dir, load_pools, mixed_stream  # noqa: E402
-from megatron_packing.reports.simulation import simulate  # noqa: E402
+from megatron_packing.reports.simulation import SimulationResult, simulate  # noqa: E402
 
 K = 1024
 METHODS = ("karmarkar_karp", "rebalanced")
@@ -42,8 +46,13 @@ def main() -> None:
     parser.add_argument("--fill-rounds", type=int, default=DEFAULT_TUNABLES.rebalance_fill_rounds)
     parser.add_argument("--evens", type=int, default=DEFAULT_TUNABLES.rebalance_evens_per_rank)
     parser.add_argument("--only", default=None, help="indices of GEOMETRIES to run, e.g. 0,3")
+    parser.add_argument("--sweep", action="store_true",
+                        help="halve and double both constants (see the module docstring)")
     parser.add_argument("--out", default=None, help="also save the tables here")
     args = parser.parse_args()
+    if args.sweep:
+        sweep(args)
+        return
     tunables = replace(DEFAULT_TUNABLES, rebalance_fill_rounds=args.fill_rounds,
                        rebalance_evens_per_rank=args.evens)
     report = Report(args.out)
@@ -84,6 +93,79 @@ def main() -> None:
         label = "this planner" if align else "fixed B"
         kind = "whole bins" if method == "karmarkar_karp" else "rebalanced"
         report.print(f"| {label} | {kind} | {sum(values) / len(values):.4f} |")
+    report.save()
+
+
+def sweep_settings() -> list[tuple[int, int]]:
+    """(fill rounds, evens per rank): the defaults, then each halved and doubled."""
+    rounds, evens = DEFAULT_TUNABLES.rebalance_fill_rounds, DEFAULT_TUNABLES.rebalance_evens_per_rank
+    return [(rounds, evens), (rounds // 2, evens), (rounds * 2, evens), (rounds, evens // 2),
+            (rounds, evens * 2)]
+
+
+def sweep(args: argparse.Namespace) -> None:
+    report = Report(args.out)
+    pools = load_pools(find_pool_dir())
+    settings = sweep_settings()
+    report.print("Means over the nine held-out geometries of `bench_held_out_geometries.py`, "
+                 "with `rank_assignment: rebalanced`; modeled time: the run's summed "
+                 "slowest-rank cost against fixed B with whole bins on the same geometry; plan "
+                 "ms: the per-geometry medians, their maximum and mean. Defaults in bold.")
+    report.print()
+    report.print("| fill rounds | evens per rank | planner | mean slowest / mean rank "
+                 "| mean modeled time vs fixed B, whole bins | plan ms median: max / mean |")
+    report.print("|---|---|---|---|---|---|")
+    rows: dict[tuple[int, int, bool], list[tuple[float, float, float]]] = {}
+    for mix, batch, capacity, dp in GEOMETRIES:
+        steps = STEPS[batch]
+        lengths = mixed_stream({n: pools[n] for n in MIXES[mix]}, batch * steps, capacity,
+                               seed=args.seed)
+        base = simulate(lengths, batch_size=batch, capacity=capacity, dp_size=dp, steps=steps,
+                        align=False, rank_assignment="karmarkar_karp")
+        for rounds, evens in settings:
+            tunables = replace(DEFAULT_TUNABLES, rebalance_fill_rounds=rounds,
+                               rebalance_evens_per_rank=evens)
+            for align in (True, False):
+                run = simulate(lengths, batch_size=batch, capacity=capacity, dp_size=dp,
+                               steps=steps, align=align, rank_assignment="rebalanced",
+                               tunables=tunables)
+                rows.setdefault((rounds, evens, align), []).append(
+                    (run.step_time_imbalance, run.modeled_time / base.modeled_time,
+                     run.plan_ms_median))
+    for rounds, evens in settings:
+        bold = (rounds, evens) == settings[0]
+        for align in (True, False):
+            values = rows[(rounds, evens, align)]
+            cells = [f"**{rounds}**" if bold else str(rounds),
+                     f"**{evens}**" if bold else str(evens),
+                     "this planner" if align else "fixed B",
+                     f"{sum(v[0] for v in values) / len(values):.4f}",
+                     f"{sum(v[1] for v in values) / len(values):.4f}",
+                     f"{max(v[2] for v in values):.2f} / {sum(v[2] for v in values) / len(values):.2f}"]
+            report.print("| " + " | ".join(cells) + " |")
+    report.print()
+    batch, capacity, dp, steps = 4096, 128 * K, 64, 30
+    lengths = mixed_stream(pools, batch * steps, capacity, seed=args.seed)
+
+    def planned(method: str, tunables: PlannerTunables = DEFAULT_TUNABLES) -> SimulationResult:
+        return simulate(lengths, batch_size=batch, capacity=capacity, dp_size=dp, steps=steps,
+                        align=True, rank_assignment=method, tunables=tunables)
+
+    report.print(f"B {batch} / {capacity // K}K / dp {dp}, mixed pool, {steps} steps, this "
+                 "planner; modeled time against whole bins:")
+    report.print()
+    report.print("| fill rounds | evens per rank | slowest / mean rank | modeled time vs whole "
+                 "bins | plan ms median |")
+    report.print("|---|---|---|---|---|")
+    whole = planned("karmarkar_karp")
+    report.print(f"| whole bins | - | {whole.step_time_imbalance:.4f} | 1.0000 "
+                 f"| {whole.plan_ms_median:.2f} |")
+    for rounds, evens in settings:
+        tunables = replace(DEFAULT_TUNABLES, rebalance_fill_rounds=rounds,
+                           rebalance_evens_per_rank=evens)
+        run = planned("rebalanced", tunables)
+        report.print(f"| {rounds} | {evens} | {run.step_time_imbalance:.4f} "
+                     f"| {run.modeled_time / whole.modeled_time:.4f} | {run.plan_ms_median:.2f} |")
     report.save()
 
 

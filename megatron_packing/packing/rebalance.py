@@ -9,11 +9,11 @@ balance the ranks. This pass then changes which bin an example sits in, in two p
    moves nothing or ``fill_rounds`` are done;
 2. even: the slowest rank makes the one transfer that brings it closest to even with one of
    the lightest ranks, up to ``evens_per_rank`` x dp times, until the slowest rank finds none.
-   A transfer is a move of one example, a swap of two, or an exchange: one example into a bin
-   of the lighter rank that is too full for it, that bin's smallest examples back in its place,
-   just enough of them to make room. Equal tokens are unequal work, so an exchange evens two
-   ranks whose bins are full, where no move fits and a swap of one example for one barely
-   changes the cost.
+   A transfer is a move of one example or a swap of two; where neither lowers the slowest
+   rank, an exchange: one example into a bin of the lighter rank that is too full for it, that
+   bin's smallest examples back in its place, just enough of them to make room. Equal tokens
+   are unequal work, so an exchange evens two ranks whose bins are full, where no move fits
+   and a swap of one example for one changes too little or too much.
 
 What it keeps: every bin's size budget (``capacity``, over the packer's aligned sizes), the
 bin count and each rank's bin ids (so the micro-batch count per rank and the step's alignment
@@ -288,10 +288,9 @@ def _even(step: _Step, heavy: int, light: int) -> bool:
             best_gain, best = gain, [(item, source, targets[fit])]
     swap = _best_swap(step, heavy, light, gap, best_gain)
     if swap is not None:
-        best, best_gain = swap
-    exchange = _best_exchange(step, heavy, light, gap, best_gain)
-    if exchange is not None:
-        best = exchange
+        best = swap
+    if best is None:  # no move or swap lowers the pair's larger cost: try an exchange
+        best = _best_exchange(step, heavy, light, gap)
     if best is None:
         return False
     step.apply(best, heavy, light)
@@ -299,7 +298,7 @@ def _even(step: _Step, heavy: int, light: int) -> bool:
 
 
 def _best_swap(step: _Step, heavy: int, light: int, gap: float, floor: float
-               ) -> tuple[list[tuple[int, int, int]], float] | None:
+               ) -> list[tuple[int, int, int]] | None:
     """The swap of an example of ``heavy`` for one of ``light`` that brings the pair closest to
     even, with a gain above ``floor``; each of ``heavy``'s examples is tried against the
     ``light`` examples nearest in cost to its ideal partner (cost minus half the gap)."""
@@ -321,12 +320,12 @@ def _best_swap(step: _Step, heavy: int, light: int, gap: float, floor: float
     other = int(near[i, j])
     item, source = int(h.item[i]), int(h.owner[i])
     partner, target = int(lt.item[other]), int(lt.owner[other])
-    return [(item, source, target), (partner, target, source)], float(gain[i, j])
+    return [(item, source, target), (partner, target, source)]
 
 
-def _best_exchange(step: _Step, heavy: int, light: int, gap: float, floor: float
+def _best_exchange(step: _Step, heavy: int, light: int, gap: float
                    ) -> list[tuple[int, int, int]] | None:
-    """The exchange that brings the pair closest to even, with a gain above ``floor``: an
+    """The exchange that brings the pair closest to even, if any lowers its larger cost: an
     example of ``heavy`` goes into a bin of ``light`` without room for it, and that bin's
     smallest examples, the fewest that make room, go back into the example's bin.
 
@@ -348,7 +347,7 @@ def _best_exchange(step: _Step, heavy: int, light: int, gap: float, floor: float
     ok &= given <= free_h + size  # what comes back fits the example's bin
     delta = h.cost[:, None] - room.cost[at]
     gain = np.minimum(delta, gap - delta)
-    ok &= gain > floor
+    ok &= gain > gap * 1e-9  # lowers the larger cost by more than rounding
     if not ok.any():
         return None
     i, j = divmod(int(np.argmax(np.where(ok, gain, -np.inf))), len(room.bins))

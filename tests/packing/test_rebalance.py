@@ -102,16 +102,17 @@ def test_an_exchange_evens_two_ranks_whose_bins_are_full() -> None:
 
 
 def test_an_exchange_gives_back_the_smallest_examples_first() -> None:
-    # Capacity 100, costs s + s^2 / 100. Rank 1 (59, 12, 7: cost 114.74) is slower than rank 0
-    # (47, 7: 76.58). Moving the 12 would leave 101.30 against 90.02. Better: the 59 goes into
-    # rank 0's bin (46 free, 13 short), which gives back its smallest examples until it fits:
-    # the 7 is not enough, so the 47 too (97.51 against 93.81).
-    sizes = np.array([47, 7, 59, 12, 7])
+    # Capacity 100, costs s + s^2 / 100. Rank 0: 37 and 59 (144.50); rank 1: 28, 27, 13, 16
+    # (103.38). The first even swaps the 37 for the 27 (128.10 against 119.78). Then no move
+    # fits (6 free) and no swap helps, so the 27 goes into rank 1's bin, 21 tokens short,
+    # which gives back its smallest examples until it fits: the 13 is not enough, so the 16
+    # too (cost 33.25 for the 27's 34.29): 127.06 against 120.82.
+    sizes = np.array([37, 59, 28, 27, 13, 16])
     costs = sequence_cost(sizes, 100.0)
-    out = rebalance_examples([[0, 1], [2, 3, 4]], sizes, costs, [[0], [1]], 100,
+    out = rebalance_examples([[0, 1], [2, 3, 4, 5]], sizes, costs, [[0], [1]], 100,
                              fill_rounds=0, evens_per_rank=1)
-    assert out == [[2], [3, 4, 1, 0]]
-    assert max(_rank_costs(out, costs, [[0], [1]])) == pytest.approx(97.51)
+    assert out == [[1, 4, 5], [2, 0, 3]]
+    assert max(_rank_costs(out, costs, [[0], [1]])) == pytest.approx(127.06)
 
 
 def test_an_exchange_takes_back_no_more_than_the_examples_bin_can_hold() -> None:
