@@ -21,17 +21,17 @@ from .plan_digests import (
 )
 
 EXPECTED = {
-    "128/4K/dp8": "3bb3cfe2a65130b2e5fc6db22640315a",
-    "128/4K/dp8 deferral": "608bc98d5530bd905d98319d0856a6b6",
-    "256/16K/dp4 ffd": "26e349c7ce9ad3aaf1a7b74579c598ce",
-    "64/8K/dp4 bfd tp2 cp2": "1211f9ecf2a87df92b31a1920f88868a",
+    "128/4K/dp8": "b63189b0cdd787f62fe17be1eb9abc1c",
+    "128/4K/dp8 deferral": "8d0b1f41d53720a4b501ff70adba389f",
+    "256/16K/dp4 ffd": "1055b87123d21a49395a8000c350df3e",
+    "64/8K/dp4 bfd tp2 cp2": "1ee6f5aae6a920131470fabfe1fc3390",
     "96/4K/dp2 round robin": "ef3141494d061bdc7d21b77c14f88759",
-    "128/4K/dp8 fixed B": "448da531515947018e9142c83d4d9809",
+    "128/4K/dp8 fixed B": "a9bf4b5c100e3236f466f2fb552ffb50",
     "128/4K/dp8 whole bins": "92a127e8d9f13da16af44756bb8b5009",
-    "1024/64K/dp8": "4dc286415bc9df5a8d43fdbbbe38867b",
+    "1024/64K/dp8": "eb003bc3d0106d5f4c128ecfd7be2978",
     "padded 64/dp4 budget 16K": "7c7231dd8fc42dc5705151cfe2ce54d0",
     "padded 48/dp2 mbs 4": "48f6830e58ae5934d65362badecde238",
-    "config 64/8K/dp4 seed 99": "c63065803cd59ad4d6b5ed1bdf7ca957",
+    "config 64/8K/dp4 seed 99": "9b942bfb07dc6fd5c5202618147bdf9f",
 }
 
 
