@@ -77,18 +77,19 @@ class PlannerTunables:
 
     rebalance_fill_rounds: int = 4
     """With ``rank_assignment: rebalanced``, rounds of the fill (every rank above the mean
-    moves examples to the lightest). Basis: ``benchmarks/bench_rank_rebalance.py
-    --fill-rounds R`` (``benchmarks/results/bench_rank_rebalance_sweep.md``): 2, 4 and 8 end
-    alike on the held-out geometries (mean slowest / mean rank 1.0188); at B 4096 / 128K /
-    dp 64, 2 ends better (1.0728 against 1.0964) but plans about 1-2 ms slower a step. The
-    sweep: step-time CV moves by under 0.01 points at 2 or 8 (bins, aligned steps and token CV
-    never move with it: only which rank trains an example changes)."""
+    moves examples to the lightest). Basis: ``benchmarks/bench_rank_rebalance.py --sweep``
+    (``benchmarks/results/bench_rank_rebalance_sweep.md``): 2, 4 and 8 end alike on the
+    held-out geometries (mean slowest / mean rank 1.0119); at B 4096 / 128K / dp 64, 4 ends
+    best (1.0224 against 1.0295 at 2 and 1.0283 at 8). The constant sweep: step-time CV moves
+    by under 0.01 points at 2 or 8 (bins, aligned steps and token CV never move with it: only
+    which rank trains an example changes)."""
 
     rebalance_evens_per_rank: int = 1
-    """With ``rank_assignment: rebalanced``, closest-to-even moves or swaps of the slowest rank
-    after the fill, per rank of the step. Basis: the same sweep (``--evens E``): 1.0283 at 0,
-    1.0188 at 1 and at 2; at B 4096 / dp 64, 1.3488 at 0, 1.0964 at 1 and at 2. The sweep: at
-    0, step-time CV +0.10 points at 128/4K/8 and -0.04 at 256/16K/8; no change at 2."""
+    """With ``rank_assignment: rebalanced``, transfers (moves, swaps, exchanges) of the slowest
+    rank after the fill, per rank of the step. Basis: the same sweep: 1.0283 at 0, 1.0119 at
+    1, 1.0115 at 2 (planning a little slower); at B 4096 / dp 64, 1.3488 at 0, 1.0224 at 1
+    and at 2. The constant sweep: at 0, step-time CV +0.11 points at 128/4K/8, -0.06 at
+    256/16K/8 and -0.10 at 1024/64K/8; at 2, within 0.01."""
 
     grid_cache_cells: int = 256
     """(boundary x next boundary) grids of at least this many cells are remembered across steps;
