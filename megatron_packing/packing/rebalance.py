@@ -46,7 +46,7 @@ class _Arrays:
         self.cost = np.asarray(costs, dtype=np.float64)
         self.item = np.asarray(items, dtype=np.int64)
         self.owner = np.asarray(owners, dtype=np.int64)
-        self.size = step.sizes[self.item]
+        self.size = step.size_array[self.item]
 
 
 class _Room:
@@ -93,8 +93,8 @@ class _Step:
     def __init__(self, bins: list[list[int]], size: list[int], cost: list[float],
                  ranks: Sequence[Sequence[int]], capacity: int) -> None:
         self.bins, self.size, self.cost, self.capacity = bins, size, cost, capacity
-        self.sizes = np.asarray(size, dtype=np.int64)  # the same, as arrays
-        self.costs = np.asarray(cost, dtype=np.float64)
+        self.size_array = np.asarray(size, dtype=np.int64)  # size and cost as arrays, for numpy
+        self.cost_array = np.asarray(cost, dtype=np.float64)
         self.load = [sum(size[i] for i in b) for b in bins]
         self.count = [len(b) for b in bins]
         self.movable = [n > 0 and load <= capacity for n, load in zip(self.count, self.load,
@@ -113,7 +113,7 @@ class _Step:
         bins = [b for b in self.rank_bins[rank] if self.movable[b]]
         items = np.fromiter((i for b in bins for i in self.bins[b]), dtype=np.int64)
         owners = np.repeat(np.asarray(bins, dtype=np.int64), [len(self.bins[b]) for b in bins])
-        costs = self.costs[items]
+        costs = self.cost_array[items]
         order = np.lexsort((items, costs))  # by (cost, example), as bisect on the lists expects
         return costs[order].tolist(), items[order].tolist(), owners[order].tolist()
 
