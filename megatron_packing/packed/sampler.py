@@ -316,7 +316,7 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
             costs = bin_costs(step_bins, kept, self.attention_cost_constant)
         taken_list = taken.tolist()
         window_list = window.tolist()
-        bins = tuple(tuple(window_list[p] for p in b) for b in step_bins)
+        bins = tuple(tuple([window_list[p] for p in b]) for b in step_bins)
         layouts = self.row_planner.rows(step_bins, kept.tolist(), padded.tolist())
         truncated = {
             int(i): int(self.effective_lengths[i])

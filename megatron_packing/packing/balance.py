@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from enum import StrEnum
+from itertools import chain
 
 import numpy as np
 
@@ -61,7 +62,7 @@ def bin_costs(
     if not bins:
         return np.zeros(0, dtype=np.float64)
     ids = np.repeat(np.arange(len(bins)), [len(b) for b in bins])
-    flat = np.fromiter((i for b in bins for i in b), dtype=np.int64, count=len(ids))
+    flat = np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=len(ids))
     return np.bincount(ids, weights=per_seq[flat], minlength=len(bins))
 
 

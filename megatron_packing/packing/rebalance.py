@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
+from itertools import chain
 
 import numpy as np
 
@@ -37,16 +38,25 @@ INCREMENTAL_MOVES = 4
 # The slowest rank is evened with the first of this many lightest ranks that can take a transfer.
 PARTNERS = 3
 
+_AROUND = np.arange(-NEIGHBOURS, NEIGHBOURS)  # offsets of the swap partners around the ideal
+
+
+def _exclusive_cumsum(values: np.ndarray) -> np.ndarray:
+    """0 followed by the running sums of ``values`` (one longer than ``values``)."""
+    out = np.zeros(values.size + 1, dtype=values.dtype)
+    np.cumsum(values, out=out[1:])
+    return out
+
 
 class _Arrays:
-    """A rank's movable examples as arrays, by cost ascending (for the swap search)."""
+    """A rank's movable examples as arrays, by cost ascending (for the swap search), with the
+    room left in each one's bin (valid until the rank's bins change, when it is rebuilt)."""
 
-    def __init__(self, step: _Step, rank: int) -> None:
-        costs, items, owners = step.items(rank)
-        self.cost = np.asarray(costs, dtype=np.float64)
-        self.item = np.asarray(items, dtype=np.int64)
-        self.owner = np.asarray(owners, dtype=np.int64)
-        self.size = step.size_array[self.item]
+    def __init__(self, cost: np.ndarray, item: np.ndarray, owner: np.ndarray,
+                 step: _Step) -> None:
+        self.cost, self.item, self.owner = cost, item, owner
+        self.size = step.size_array[item]
+        self.free = step.capacity - step.load_array[owner]
 
 
 class _Room:
@@ -67,12 +77,14 @@ class _Room:
         held = np.bincount(where, minlength=count)
         # Each bin's run of prefixes starts with its own zero: bin j's run begins at
         # (examples of the bins before it) + j and ends ``held[j]`` places later.
-        self.start = np.concatenate(([0], np.cumsum(held[:-1] + 1))).astype(np.int64)
-        first = np.concatenate(([0], np.cumsum(held)[:-1]))  # bin j's first example, sorted
-        slots = self.start[where] + 1 + (np.arange(items.size) - first[where])
-        within = np.cumsum(sizes) - np.concatenate(([0], np.cumsum(sizes)))[first[where]]
-        cost = movable.cost[order]
-        cost_within = np.cumsum(cost) - np.concatenate(([0.0], np.cumsum(cost)))[first[where]]
+        self.start = _exclusive_cumsum(held[:-1] + 1)
+        first = _exclusive_cumsum(held)[:-1]  # bin j's first example, sorted
+        begins = first[where]
+        slots = self.start[where] + 1 + (np.arange(items.size) - begins)
+        within = _exclusive_cumsum(sizes)
+        within = within[1:] - within[begins]
+        cost_within = _exclusive_cumsum(movable.cost[order])
+        cost_within = cost_within[1:] - cost_within[begins]
         self.offset = np.arange(count, dtype=np.int64) * self.span
         self.tokens = np.repeat(self.offset, held + 1)
         self.tokens[slots] += within
@@ -80,7 +92,7 @@ class _Room:
         self.cost[slots] = cost_within
         self.items = items
         self.first = first
-        self.free = step.capacity - np.asarray([step.load[b] for b in self.bins], dtype=np.int64)
+        self.free = step.capacity - step.load_array[ids]
 
     def given_back(self, j: int, n: int) -> list[int]:
         """The ``n`` smallest examples of bin j (of this rank's movable bins)."""
@@ -95,27 +107,47 @@ class _Step:
         self.bins, self.size, self.cost, self.capacity = bins, size, cost, capacity
         self.size_array = np.asarray(size, dtype=np.int64)  # size and cost as arrays, for numpy
         self.cost_array = np.asarray(cost, dtype=np.float64)
-        self.load = [sum(size[i] for i in b) for b in bins]
         self.count = [len(b) for b in bins]
-        self.movable = [n > 0 and load <= capacity for n, load in zip(self.count, self.load,
-                                                                      strict=True)]
         self.rank_bins = [[int(b) for b in r] for r in ranks]
-        self.rank_cost = [sum(cost[i] for b in r for i in bins[b]) for r in self.rank_bins]
         self.bin_rank = [0] * len(bins)
         for r, ids in enumerate(self.rank_bins):
             for b in ids:
                 self.bin_rank[b] = r
+        # Loads and rank costs in one pass over the examples, rank by rank and bin by bin:
+        # bincount adds in that order, as a running sum would.
+        order = [b for r in self.rank_bins for b in r]
+        flat = np.fromiter(chain.from_iterable(bins[b] for b in order), dtype=np.int64,
+                           count=sum(self.count[b] for b in order))
+        held = [self.count[b] for b in order]
+        bin_of = np.repeat(np.asarray(order, dtype=np.int64), held)
+        load = np.bincount(bin_of, weights=self.size_array[flat], minlength=len(bins))
+        self.load_array = load.astype(np.int64)  # sums of integers, exact in float64
+        if len(order) < len(bins):  # bins no rank lists: loaded, but never touched
+            listed = np.zeros(len(bins), dtype=bool)
+            listed[order] = True
+            for b in np.flatnonzero(~listed).tolist():
+                self.load_array[b] = sum(size[i] for i in bins[b])
+        self.load = self.load_array.tolist()  # the same, as a list, kept equal to it
+        self.movable = [n > 0 and x <= capacity for n, x in zip(self.count, self.load,
+                                                                strict=True)]
+        rank_of = np.asarray(self.bin_rank, dtype=np.int64)[bin_of]
+        self.rank_cost = np.bincount(rank_of, weights=self.cost_array[flat],
+                                     minlength=len(self.rank_bins)).tolist()
         self._sorted: dict[int, tuple[list[float], list[int], list[int]]] = {}  # when first asked
         self._arrays: dict[int, _Arrays] = {}
         self._room: dict[int, _Room] = {}
 
     def _sort(self, rank: int) -> tuple[list[float], list[int], list[int]]:
         bins = [b for b in self.rank_bins[rank] if self.movable[b]]
-        items = np.fromiter((i for b in bins for i in self.bins[b]), dtype=np.int64)
-        owners = np.repeat(np.asarray(bins, dtype=np.int64), [len(self.bins[b]) for b in bins])
+        held = [self.count[b] for b in bins]
+        items = np.fromiter(chain.from_iterable(self.bins[b] for b in bins), dtype=np.int64,
+                            count=sum(held))
+        owners = np.repeat(np.asarray(bins, dtype=np.int64), held)
         costs = self.cost_array[items]
         order = np.lexsort((items, costs))  # by (cost, example), as bisect on the lists expects
-        return costs[order].tolist(), items[order].tolist(), owners[order].tolist()
+        costs, items, owners = costs[order], items[order], owners[order]
+        self._arrays[rank] = _Arrays(costs, items, owners, self)  # in step with the lists
+        return costs.tolist(), items.tolist(), owners.tolist()
 
     def items(self, rank: int) -> tuple[list[float], list[int], list[int]]:
         """A rank's examples in movable bins, by (cost, example) ascending: (costs, examples,
@@ -134,8 +166,12 @@ class _Step:
         return p
 
     def arrays(self, rank: int) -> _Arrays:
+        """``items(rank)`` as arrays (sorting the rank, if not sorted yet, makes both)."""
+        costs, items, owners = self.items(rank)
         if rank not in self._arrays:
-            self._arrays[rank] = _Arrays(self, rank)
+            self._arrays[rank] = _Arrays(np.asarray(costs, dtype=np.float64),
+                                         np.asarray(items, dtype=np.int64),
+                                         np.asarray(owners, dtype=np.int64), self)
         return self._arrays[rank]
 
     def room(self, rank: int) -> _Room:
@@ -149,23 +185,55 @@ class _Step:
     def apply(self, moves: list[tuple[int, int, int]], heavy: int, light: int) -> None:
         """(example, from bin, to bin) moves between ``heavy`` and ``light``."""
         gone: dict[int, set[int]] = {}
+        bins, load, count, size, cost = self.bins, self.load, self.count, self.size, self.cost
+        bin_rank, incremental = self.bin_rank, len(moves) <= INCREMENTAL_MOVES
+        heavy_cost, light_cost = self.rank_cost[heavy], self.rank_cost[light]
         for item, source, target in moves:
             gone.setdefault(source, set()).add(item)
-            self.bins[target].append(item)
-            self.load[source] -= self.size[item]
-            self.load[target] += self.size[item]
-            self.count[source] -= 1
-            self.count[target] += 1
-            sign = 1.0 if self.bin_rank[source] == heavy else -1.0
-            self.rank_cost[heavy] -= sign * self.cost[item]
-            self.rank_cost[light] += sign * self.cost[item]
-            if len(moves) <= INCREMENTAL_MOVES:
-                self._resort(item, self.bin_rank[source], self.bin_rank[target], target)
+            bins[target].append(item)
+            load[source] -= size[item]
+            load[target] += size[item]
+            self.load_array[source] = load[source]
+            self.load_array[target] = load[target]
+            count[source] -= 1
+            count[target] += 1
+            if bin_rank[source] == heavy:
+                heavy_cost -= cost[item]
+                light_cost += cost[item]
+            else:
+                heavy_cost += cost[item]
+                light_cost -= cost[item]
+            if incremental:
+                self._resort(item, bin_rank[source], bin_rank[target], target)
+        self.rank_cost[heavy], self.rank_cost[light] = heavy_cost, light_cost
         for source, items in gone.items():
-            self.bins[source] = [i for i in self.bins[source] if i not in items]
+            bins[source] = [i for i in bins[source] if i not in items]
         for rank in (heavy, light):
-            if len(moves) > INCREMENTAL_MOVES:
+            if not incremental:
                 self._sorted.pop(rank, None)  # sorted afresh when next asked
+            self._arrays.pop(rank, None)
+            self._room.pop(rank, None)
+
+    def shift(self, heavy: int, light: int, outgoing: dict[int, list[int]],
+              incoming: dict[int, list[int]], costs: tuple[float, float]) -> None:
+        """Many examples moved at once from ``heavy``'s bins (``outgoing``: bin -> its examples
+        leaving) into ``light``'s (``incoming``: bin -> examples arriving, in order), with the two
+        ranks' costs after the move (summed by the caller, move by move, as `apply` would)."""
+        size = self.size
+        for source, items in outgoing.items():
+            self.load[source] -= sum(size[i] for i in items)
+            self.load_array[source] = self.load[source]
+            self.count[source] -= len(items)
+            drop = set(items)
+            self.bins[source] = [i for i in self.bins[source] if i not in drop]
+        for target, items in incoming.items():
+            self.bins[target].extend(items)
+            self.load[target] += sum(size[i] for i in items)
+            self.load_array[target] = self.load[target]
+            self.count[target] += len(items)
+        self.rank_cost[heavy], self.rank_cost[light] = costs
+        for rank in (heavy, light):
+            self._sorted.pop(rank, None)
             self._arrays.pop(rank, None)
             self._room.pop(rank, None)
 
@@ -200,7 +268,7 @@ def rebalance_examples(
     aligned sizes, budgeted per bin by ``capacity``; ``costs`` the modeled cost of each
     example. A moved example goes to the end of its new bin; the rest keep their order.
     """
-    out = [[int(i) for i in b] for b in bins]
+    out = [list(map(int, b)) for b in bins]
     if len(ranks) < 2 or not out:
         return out
     step = _Step(out, np.asarray(sizes, dtype=np.int64).tolist(),
@@ -235,30 +303,45 @@ def _fill(step: _Step, heavy: int, light: int, share: float) -> bool:
     room = [step.capacity - step.load[b] for b in targets]
     widest = max(room)
     costs, items, owners = step.items(heavy)
-    left = share
-    moves: list[tuple[int, int, int]] = []
+    top = bisect_right(costs, share)  # examples of cost within the share
+    # Room and the share only shrink, so an example too big for the widest room or too
+    # costly now never fits later: only those that fit at the start are visited.
+    fits = np.flatnonzero(step.arrays(heavy).size[:top] <= widest)[::-1].tolist()
+    left, cheapest = share, costs[0] if costs else 0.0
+    heavy_cost, light_cost = step.rank_cost[heavy], step.rank_cost[light]
+    outgoing: dict[int, list[int]] = {}
+    incoming: dict[int, list[int]] = {}
     count: dict[int, int] = {}
-    k = bisect_right(costs, left) - 1
-    while k >= 0:
+    size, held = step.size, step.count
+    for k in fits:
+        c = costs[k]
+        if c > left:
+            continue
         item, source = items[k], owners[k]
-        s = step.size[item]
-        n = count.get(source, step.count[source])
+        s = size[item]
+        n = count.get(source, held[source])
         if s > widest or n < 2:
-            k -= 1
             continue
         best, slack = -1, widest + 1
         for t, r in enumerate(room):
             if s <= r < s + slack:
                 best, slack = t, r - s
-        room[best] -= s
-        widest = max(room)
+        if room[best] == widest:  # the widest room shrinks: find the new widest
+            room[best] -= s
+            widest = max(room)
+        else:
+            room[best] -= s
         count[source] = n - 1
-        left -= costs[k]
-        moves.append((item, source, targets[best]))
-        k = min(k - 1, bisect_right(costs, left) - 1)  # the costliest that still fits the share
-    if not moves:
+        left -= c
+        heavy_cost -= c
+        light_cost += c
+        outgoing.setdefault(source, []).append(item)
+        incoming.setdefault(targets[best], []).append(item)
+        if left < cheapest:  # nothing left fits the share
+            break
+    if not outgoing:
         return False
-    step.apply(moves, heavy, light)
+    step.shift(heavy, light, outgoing, incoming, (heavy_cost, light_cost))
     return True
 
 
@@ -306,13 +389,11 @@ def _best_swap(step: _Step, heavy: int, light: int, gap: float, floor: float
     if not h.item.size or not lt.item.size:
         return None
     at = np.searchsorted(lt.cost, h.cost - gap / 2)
-    near = np.clip(at[:, None] + np.arange(-NEIGHBOURS, NEIGHBOURS), 0, lt.item.size - 1)
+    near = np.minimum(np.maximum(at[:, None] + _AROUND, 0), lt.item.size - 1)
     delta = h.cost[:, None] - lt.cost[near]
     gain = np.minimum(delta, gap - delta)
     grow = h.size[:, None] - lt.size[near]  # tokens the light rank's bin gains
-    load = np.asarray(step.load, dtype=np.int64)
-    ok = ((gain > floor) & (grow <= step.capacity - load[lt.owner[near]])
-          & (-grow <= (step.capacity - load[h.owner])[:, None]))
+    ok = (gain > floor) & (grow <= lt.free[near]) & (-grow <= h.free[:, None])
     if not ok.any():
         return None
     flat = int(np.argmax(np.where(ok, gain, -np.inf)))
@@ -335,8 +416,7 @@ def _best_exchange(step: _Step, heavy: int, light: int, gap: float
     h, room = step.arrays(heavy), step.room(light)
     if not h.item.size or not room.bins:
         return None
-    load = np.asarray(step.load, dtype=np.int64)
-    free_h = (step.capacity - load[h.owner])[:, None]  # room in each heavy example's bin
+    free_h = h.free[:, None]  # room in each heavy example's bin
     size = h.size[:, None]
     need = size - room.free[None, :]  # tokens each light bin must give back (rows: examples)
     at = np.searchsorted(room.tokens, need + room.offset[None, :], side="left")
