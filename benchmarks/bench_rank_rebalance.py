@@ -11,8 +11,9 @@ is inside it). Prints markdown; not a timed test.
     nice -n 10 python benchmarks/bench_rank_rebalance.py [--fill-rounds R] [--evens E] [--out FILE]
 
 ``--fill-rounds`` and ``--evens`` replace `PlannerTunables.rebalance_fill_rounds` and
-``rebalance_evens_per_rank``. ``--sweep`` halves and doubles each of them instead (0 stands for
-half of 1) and prints the means over the nine geometries, then the same on
+``rebalance_evens_per_rank``. ``--sweep`` halves and doubles each of the four rebalance
+constants instead (those two, ``rebalance_partners`` and ``rebalance_neighbours``; halves round
+down, 0 stands for half of 1) and prints the means over the nine geometries, then the same on
 `bench_step_planning.py`'s B 4096 / 128K / dp 64 (mixed pool, 30 steps).
 
     nice -n 10 python benchmarks/bench_rank_rebalance.py --sweep [--out FILE]
@@ -96,11 +97,28 @@ def main() -> None:
     report.save()
 
 
-def sweep_settings() -> list[tuple[int, int]]:
-    """(fill rounds, evens per rank): the defaults, then each halved and doubled."""
-    rounds, evens = DEFAULT_TUNABLES.rebalance_fill_rounds, DEFAULT_TUNABLES.rebalance_evens_per_rank
-    return [(rounds, evens), (rounds // 2, evens), (rounds * 2, evens), (rounds, evens // 2),
-            (rounds, evens * 2)]
+Setting = tuple[int, int, int, int]  # fill rounds, evens per rank, partners, neighbours
+
+
+def sweep_settings() -> list[Setting]:
+    """The defaults, then each of the four constants halved and doubled, the others kept."""
+    d = DEFAULT_TUNABLES
+    base = (d.rebalance_fill_rounds, d.rebalance_evens_per_rank, d.rebalance_partners,
+            d.rebalance_neighbours)
+    out = [base]
+    for k in range(len(base)):
+        for value in (base[k] // 2, base[k] * 2):
+            changed = list(base)
+            changed[k] = value
+            out.append((changed[0], changed[1], changed[2], changed[3]))
+    return out
+
+
+def with_setting(setting: Setting) -> PlannerTunables:
+    rounds, evens, partners, neighbours = setting
+    return replace(DEFAULT_TUNABLES, rebalance_fill_rounds=rounds,
+                   rebalance_evens_per_rank=evens, rebalance_partners=partners,
+                   rebalance_neighbours=neighbours)
 
 
 def sweep(args: argparse.Namespace) -> None:
@@ -112,32 +130,31 @@ def sweep(args: argparse.Namespace) -> None:
                  "slowest-rank cost against fixed B with whole bins on the same geometry; plan "
                  "ms: the per-geometry medians, their maximum and mean. Defaults in bold.")
     report.print()
-    report.print("| fill rounds | evens per rank | planner | mean slowest / mean rank "
-                 "| mean modeled time vs fixed B, whole bins | plan ms median: max / mean |")
-    report.print("|---|---|---|---|---|---|")
-    rows: dict[tuple[int, int, bool], list[tuple[float, float, float]]] = {}
+    report.print("| fill rounds | evens per rank | partners | neighbours | planner "
+                 "| mean slowest / mean rank | mean modeled time vs fixed B, whole bins "
+                 "| plan ms median: max / mean |")
+    report.print("|---|---|---|---|---|---|---|---|")
+    rows: dict[tuple[Setting, bool], list[tuple[float, float, float]]] = {}
     for mix, batch, capacity, dp in GEOMETRIES:
         steps = STEPS[batch]
         lengths = mixed_stream({n: pools[n] for n in MIXES[mix]}, batch * steps, capacity,
                                seed=args.seed)
         base = simulate(lengths, batch_size=batch, capacity=capacity, dp_size=dp, steps=steps,
                         align=False, rank_assignment="karmarkar_karp")
-        for rounds, evens in settings:
-            tunables = replace(DEFAULT_TUNABLES, rebalance_fill_rounds=rounds,
-                               rebalance_evens_per_rank=evens)
+        for setting in settings:
+            tunables = with_setting(setting)
             for align in (True, False):
                 run = simulate(lengths, batch_size=batch, capacity=capacity, dp_size=dp,
                                steps=steps, align=align, rank_assignment="rebalanced",
                                tunables=tunables)
-                rows.setdefault((rounds, evens, align), []).append(
+                rows.setdefault((setting, align), []).append(
                     (run.step_time_imbalance, run.modeled_time / base.modeled_time,
                      run.plan_ms_median))
-    for rounds, evens in settings:
-        bold = (rounds, evens) == settings[0]
+    for setting in settings:
+        bold = setting == settings[0]
         for align in (True, False):
-            values = rows[(rounds, evens, align)]
-            cells = [f"**{rounds}**" if bold else str(rounds),
-                     f"**{evens}**" if bold else str(evens),
+            values = rows[(setting, align)]
+            cells = [*(f"**{v}**" if bold else str(v) for v in setting),
                      "this planner" if align else "fixed B",
                      f"{sum(v[0] for v in values) / len(values):.4f}",
                      f"{sum(v[1] for v in values) / len(values):.4f}",
@@ -154,17 +171,15 @@ def sweep(args: argparse.Namespace) -> None:
     report.print(f"B {batch} / {capacity // K}K / dp {dp}, mixed pool, {steps} steps, this "
                  "planner; modeled time against whole bins:")
     report.print()
-    report.print("| fill rounds | evens per rank | slowest / mean rank | modeled time vs whole "
-                 "bins | plan ms median |")
-    report.print("|---|---|---|---|---|")
+    report.print("| fill rounds | evens per rank | partners | neighbours | slowest / mean rank "
+                 "| modeled time vs whole bins | plan ms median |")
+    report.print("|---|---|---|---|---|---|---|")
     whole = planned("karmarkar_karp")
-    report.print(f"| whole bins | - | {whole.step_time_imbalance:.4f} | 1.0000 "
+    report.print(f"| whole bins | - | - | - | {whole.step_time_imbalance:.4f} | 1.0000 "
                  f"| {whole.plan_ms_median:.2f} |")
-    for rounds, evens in settings:
-        tunables = replace(DEFAULT_TUNABLES, rebalance_fill_rounds=rounds,
-                           rebalance_evens_per_rank=evens)
-        run = planned("rebalanced", tunables)
-        report.print(f"| {rounds} | {evens} | {run.step_time_imbalance:.4f} "
+    for setting in settings:
+        run = planned("rebalanced", with_setting(setting))
+        report.print(f"| {' | '.join(map(str, setting))} | {run.step_time_imbalance:.4f} "
                      f"| {run.modeled_time / whole.modeled_time:.4f} | {run.plan_ms_median:.2f} |")
     report.save()
 

@@ -312,7 +312,8 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
                 step_bins, padded, sequence_cost(kept, self.attention_cost_constant),
                 assignment, self.packer.usable_capacity,
                 fill_rounds=tunables.rebalance_fill_rounds,
-                evens_per_rank=tunables.rebalance_evens_per_rank)
+                evens_per_rank=tunables.rebalance_evens_per_rank,
+                neighbours=tunables.rebalance_neighbours, partners=tunables.rebalance_partners)
             costs = bin_costs(step_bins, kept, self.attention_cost_constant)
         taken_list = taken.tolist()
         window_list = window.tolist()

@@ -7,9 +7,10 @@ balance the ranks. This pass then changes which bin an example sits in, in two p
    costliest first, into the best-fitting bins of the rank that is lightest at that moment,
    while the cost moved keeps both ranks on their side of the mean; rounds repeat until one
    moves nothing or ``fill_rounds`` are done;
-2. even: the slowest rank makes the one transfer that brings it closest to even with one of
-   the lightest ranks, up to ``evens_per_rank`` x dp times, until the slowest rank finds none.
-   A transfer is a move of one example or a swap of two; where neither lowers the slowest
+2. even: the slowest rank makes the one transfer that brings it closest to even with the
+   first of the ``partners`` lightest ranks that can take one, up to ``evens_per_rank`` x dp
+   times, until the slowest rank finds none. A transfer is a move of one example or a swap of
+   two, among the ``neighbours`` examples on each side of the ideal cost; where neither lowers the slowest
    rank, an exchange: one example into a bin of the lighter rank that is too full for it, that
    bin's smallest examples back in its place, just enough of them to make room. Equal tokens
    are unequal work, so an exchange evens two ranks whose bins are full, where no move fits
@@ -31,14 +32,9 @@ from itertools import chain
 
 import numpy as np
 
-# How many examples on each side of the ideal cost a move or a swap partner is sought among.
-NEIGHBOURS = 2
-# Up to this many moves at once keep the ranks' sorted examples by insertion; more re-sort them.
+# Up to this many moves at once keep the ranks' sorted examples by insertion; more re-sort them
+# (speed only: both give the same order).
 INCREMENTAL_MOVES = 4
-# The slowest rank is evened with the first of this many lightest ranks that can take a transfer.
-PARTNERS = 3
-
-_AROUND = np.arange(-NEIGHBOURS, NEIGHBOURS)  # offsets of the swap partners around the ideal
 
 
 def _exclusive_cumsum(values: np.ndarray) -> np.ndarray:
@@ -103,8 +99,10 @@ class _Step:
     """The step's mutable state: bins, their loads and counts, and each rank's cost."""
 
     def __init__(self, bins: list[list[int]], size: list[int], cost: list[float],
-                 ranks: Sequence[Sequence[int]], capacity: int) -> None:
+                 ranks: Sequence[Sequence[int]], capacity: int, neighbours: int) -> None:
         self.bins, self.size, self.cost, self.capacity = bins, size, cost, capacity
+        self.neighbours = neighbours
+        self.around = np.arange(-neighbours, neighbours)  # swap partners around the ideal
         self.size_array = np.asarray(size, dtype=np.int64)  # size and cost as arrays, for numpy
         self.cost_array = np.asarray(cost, dtype=np.float64)
         self.count = [len(b) for b in bins]
@@ -261,6 +259,8 @@ def rebalance_examples(
     *,
     fill_rounds: int,
     evens_per_rank: int,
+    neighbours: int,
+    partners: int,
 ) -> list[list[int]]:
     """``bins`` (positions into ``sizes`` and ``costs``) with examples moved between ranks.
 
@@ -272,7 +272,7 @@ def rebalance_examples(
     if len(ranks) < 2 or not out:
         return out
     step = _Step(out, np.asarray(sizes, dtype=np.int64).tolist(),
-                 np.asarray(costs, dtype=np.float64).tolist(), ranks, int(capacity))
+                 np.asarray(costs, dtype=np.float64).tolist(), ranks, int(capacity), neighbours)
     dp = len(step.rank_cost)
     for _ in range(fill_rounds):
         mean = sum(step.rank_cost) / dp
@@ -288,7 +288,7 @@ def rebalance_examples(
     for _ in range(evens_per_rank * dp):
         by_cost = sorted(range(dp), key=step.rank_cost.__getitem__)
         heavy = by_cost[-1]
-        if not any(_even(step, heavy, light) for light in by_cost[:PARTNERS]):
+        if not any(_even(step, heavy, light) for light in by_cost[:partners]):
             break
     return out
 
@@ -361,7 +361,8 @@ def _even(step: _Step, heavy: int, light: int) -> bool:
         room = [step.capacity - step.load[b] for b in targets]
         widest = max(room)
         at = bisect_left(costs, gap / 2)
-        for k in range(max(0, at - NEIGHBOURS), min(len(costs), at + NEIGHBOURS)):
+        near = step.neighbours
+        for k in range(max(0, at - near), min(len(costs), at + near)):
             c, item, source = costs[k], items[k], owners[k]
             gain = min(c, gap - c)
             if gain <= best_gain or step.count[source] < 2 or step.size[item] > widest:
@@ -389,7 +390,7 @@ def _best_swap(step: _Step, heavy: int, light: int, gap: float, floor: float
     if not h.item.size or not lt.item.size:
         return None
     at = np.searchsorted(lt.cost, h.cost - gap / 2)
-    near = np.minimum(np.maximum(at[:, None] + _AROUND, 0), lt.item.size - 1)
+    near = np.minimum(np.maximum(at[:, None] + step.around, 0), lt.item.size - 1)
     delta = h.cost[:, None] - lt.cost[near]
     gain = np.minimum(delta, gap - delta)
     grow = h.size[:, None] - lt.size[near]  # tokens the light rank's bin gains

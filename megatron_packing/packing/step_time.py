@@ -61,7 +61,9 @@ def assign_work(bin_lengths: Sequence[Sequence[int]], dp: int, capacity: int, me
         return [[int(s) for s in b] for b in bin_lengths], ranks
     moved = rebalance_examples(positions, flat, sequence_cost(flat, attention_constant), ranks,
                                capacity, fill_rounds=tunables.rebalance_fill_rounds,
-                               evens_per_rank=tunables.rebalance_evens_per_rank)
+                               evens_per_rank=tunables.rebalance_evens_per_rank,
+                               neighbours=tunables.rebalance_neighbours,
+                               partners=tunables.rebalance_partners)
     return [[int(flat[p]) for p in b] for b in moved], ranks
 
 

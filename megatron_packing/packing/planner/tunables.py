@@ -91,6 +91,18 @@ class PlannerTunables:
     and at 2. The constant sweep: at 0, step-time CV +0.11 points at 128/4K/8, -0.06 at
     256/16K/8 and -0.10 at 1024/64K/8; at 2, within 0.01."""
 
+    rebalance_partners: int = 3
+    """With ``rank_assignment: rebalanced``, the slowest rank is evened with the first of this
+    many lightest ranks that can take a transfer. Basis: the rebalance sweep: mean slowest /
+    mean rank 1.0152 at 1, 1.0119 at 3, 1.0105 at 6 (at B 4096 / dp 64: 1.0871, 1.0224,
+    1.0098); more partners try more transfers that fail before the last, so planning slows
+    (at B 4096 / dp 64 about 14.8 -> 17.0-18.3 ms at 6, CPU time), past the 15 ms target."""
+
+    rebalance_neighbours: int = 2
+    """With ``rank_assignment: rebalanced``, a move or a swap partner is sought among this many
+    examples on each side of the ideal cost. Basis: the rebalance sweep: 1 and 4 end alike on
+    the held-out geometries (1.0119) and at B 4096 / dp 64 (1.0226 at 1, 1.0224 at 2 and 4)."""
+
     grid_cache_cells: int = 256
     """(boundary x next boundary) grids of at least this many cells are remembered across steps;
     smaller ones are judged anew, cheaper than hashing their key (a pure cache)."""
