@@ -112,7 +112,8 @@ class _Step:
             for b in ids:
                 self.bin_rank[b] = r
         # Loads and rank costs in one pass over the examples, rank by rank and bin by bin:
-        # bincount adds in that order, as a running sum would.
+        # bincount adds in that order, as a running sum would. Only bins a rank lists are ever
+        # read or moved, so only theirs are loaded.
         order = [b for r in self.rank_bins for b in r]
         flat = np.fromiter(chain.from_iterable(bins[b] for b in order), dtype=np.int64,
                            count=sum(self.count[b] for b in order))
@@ -120,11 +121,6 @@ class _Step:
         bin_of = np.repeat(np.asarray(order, dtype=np.int64), held)
         load = np.bincount(bin_of, weights=self.size_array[flat], minlength=len(bins))
         self.load_array = load.astype(np.int64)  # sums of integers, exact in float64
-        if len(order) < len(bins):  # bins no rank lists: loaded, but never touched
-            listed = np.zeros(len(bins), dtype=bool)
-            listed[order] = True
-            for b in np.flatnonzero(~listed).tolist():
-                self.load_array[b] = sum(size[i] for i in bins[b])
         self.load = self.load_array.tolist()  # the same, as a list, kept equal to it
         self.movable = [n > 0 and x <= capacity for n, x in zip(self.count, self.load,
                                                                 strict=True)]
@@ -165,11 +161,12 @@ class _Step:
 
     def arrays(self, rank: int) -> _Arrays:
         """``items(rank)`` as arrays (sorting the rank, if not sorted yet, makes both)."""
-        costs, items, owners = self.items(rank)
         if rank not in self._arrays:
-            self._arrays[rank] = _Arrays(np.asarray(costs, dtype=np.float64),
-                                         np.asarray(items, dtype=np.int64),
-                                         np.asarray(owners, dtype=np.int64), self)
+            costs, items, owners = self.items(rank)
+            if rank not in self._arrays:  # sorted earlier, and changed by insertion since
+                self._arrays[rank] = _Arrays(np.asarray(costs, dtype=np.float64),
+                                             np.asarray(items, dtype=np.int64),
+                                             np.asarray(owners, dtype=np.int64), self)
         return self._arrays[rank]
 
     def room(self, rank: int) -> _Room:
@@ -206,9 +203,14 @@ class _Step:
         self.rank_cost[heavy], self.rank_cost[light] = heavy_cost, light_cost
         for source, items in gone.items():
             bins[source] = [i for i in bins[source] if i not in items]
+        self._forget(heavy, light, resorted=incremental)
+
+    def _forget(self, heavy: int, light: int, *, resorted: bool) -> None:
+        """Drop what was derived from the two ranks' bins; their sorted examples too, unless
+        ``resorted`` kept them up to date by insertion (they are sorted afresh when asked)."""
         for rank in (heavy, light):
-            if not incremental:
-                self._sorted.pop(rank, None)  # sorted afresh when next asked
+            if not resorted:
+                self._sorted.pop(rank, None)
             self._arrays.pop(rank, None)
             self._room.pop(rank, None)
 
@@ -230,10 +232,7 @@ class _Step:
             self.load_array[target] = self.load[target]
             self.count[target] += len(items)
         self.rank_cost[heavy], self.rank_cost[light] = costs
-        for rank in (heavy, light):
-            self._sorted.pop(rank, None)
-            self._arrays.pop(rank, None)
-            self._room.pop(rank, None)
+        self._forget(heavy, light, resorted=False)
 
     def _resort(self, item: int, origin: int, dest: int, target: int) -> None:
         """Take ``item`` out of ``origin``'s sorted examples and put it, now in bin ``target``,

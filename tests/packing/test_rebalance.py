@@ -47,7 +47,8 @@ def steps(draw):
     constant = draw(st.sampled_from([8.0, 64.0, 24576.0]))
     return dict(bins=bins, sizes=np.asarray(sizes), capacity=capacity, dp=dp,
                 constant=constant, costs=sequence_cost(sizes, constant), fill_rounds=draw(st.integers(0, 4)),
-                evens=draw(st.integers(0, 3)))
+                evens=draw(st.integers(0, 3)), neighbours=draw(st.integers(0, 3)),
+                partners=draw(st.integers(1, 7)))
 
 
 @settings(max_examples=300, deadline=None)
@@ -56,7 +57,8 @@ def test_what_a_rebalance_keeps_and_that_the_slowest_rank_never_slows(s) -> None
     bins, sizes, costs, capacity = s["bins"], s["sizes"], s["costs"], s["capacity"]
     ranks = assign_bins_to_ranks(bin_costs(bins, sizes, s["constant"]), s["dp"])
     out = rebalance_examples(bins, sizes, costs, ranks, capacity, fill_rounds=s["fill_rounds"],
-                             evens_per_rank=s["evens"], neighbours=2, partners=3)
+                             evens_per_rank=s["evens"], neighbours=s["neighbours"],
+                             partners=s["partners"])
     assert len(out) == len(bins)
     assert sorted(i for b in out for i in b) == sorted(i for b in bins for i in b)
     for before, after in zip(bins, out, strict=True):
@@ -67,7 +69,8 @@ def test_what_a_rebalance_keeps_and_that_the_slowest_rank_never_slows(s) -> None
             assert sum(sizes[after]) <= capacity
     assert max(_rank_costs(out, costs, ranks)) <= max(_rank_costs(bins, costs, ranks)) * (1 + 1e-12)
     assert rebalance_examples(bins, sizes, costs, ranks, capacity, fill_rounds=s["fill_rounds"],
-                              evens_per_rank=s["evens"], neighbours=2, partners=3) == out  # deterministic
+                              evens_per_rank=s["evens"], neighbours=s["neighbours"],
+                              partners=s["partners"]) == out  # deterministic
 
 
 def test_one_move_evens_two_ranks() -> None:
@@ -258,3 +261,17 @@ def test_a_move_is_sought_among_neighbours_each_side_of_the_ideal_cost() -> None
                              neighbours=1, partners=3)
     assert two == [[0], [1], [3, 2], []]
     assert one == bins
+
+
+def test_the_evens_see_the_loads_a_fill_left() -> None:
+    # Costs are the sizes, capacity 10. Rank 0: bins 0 (7) and 2 (4 + 1), cost 12; rank 1:
+    # bin 1 (1) and a placeholder. The fill moves the 4 into bin 1 (8 against 5). Then the 7
+    # goes into bin 1, now holding 5 with room 5, which gives back its 1 and 4: 6 against 7.
+    # The searches after that read bin 2 as the fill left it (1 token, room 9), not as before.
+    sizes = np.array([7, 1, 4, 1])
+    costs = sizes.astype(float)
+    ranks = [[0, 2], [1, 3]]
+    out = rebalance_examples([[0], [1], [2, 3], []], sizes, costs, ranks, 10, fill_rounds=1,
+                             evens_per_rank=1, neighbours=2, partners=3)
+    assert out == [[1, 2], [0], [3], []]
+    assert _rank_costs(out, costs, ranks) == [6.0, 7.0]
