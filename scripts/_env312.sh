@@ -16,6 +16,20 @@ if [ -z "$PY" ] && [ ! -x "$VENV/bin/python" ]; then
   exit 1
 fi
 source "$ROOT/scripts/_venv.sh"
+# torch's CUDA build needs room: about 5.5 GB installed plus its downloads while pip unpacks them.
+# Say so before pip starts rather than failing midway with "No space left on device".
+NEED_GB=8
+if ! ls "$VENV"/.installed-* > /dev/null 2>&1; then
+  mkdir -p "$(dirname "$VENV")"
+  free_kb="$(df -Pk "$(dirname "$VENV")" | awk 'NR == 2 {print $4}')"
+  if [ "$free_kb" -lt $((NEED_GB * 1024 * 1024)) ]; then
+    echo "the second stack needs about $NEED_GB GB free to install into $VENV;" \
+      "$(dirname "$VENV") has $((free_kb / 1024 / 1024)) GB: free some space, point" \
+      "MEGATRON_PACKING_VENV312 at a disk with room, or set MEGATRON_PACKING_STACK312=0 to skip" \
+      "the second stack" >&2
+    exit 1
+  fi
+fi
 use_venv "$VENV" "$PY" "$ROOT/constraints-py312.txt" "test" \
   "installing megatron_packing (Python 3.12, megatron-core 0.19) into $VENV (about 5 minutes, 5.5 GB: torch's CUDA build)..."
 export WANDB_MODE="${WANDB_MODE:-offline}"
