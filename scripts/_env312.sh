@@ -18,7 +18,12 @@ fi
 source "$ROOT/scripts/_venv.sh"
 # torch's CUDA build needs room: about 5.5 GB installed plus its downloads while pip unpacks them.
 # Say so before pip starts rather than failing midway with "No space left on device".
-NEED_GB=8
+# MEGATRON_PACKING_STACK312_FREE_GB sets the room asked for (default 8, in GB).
+NEED_GB="${MEGATRON_PACKING_STACK312_FREE_GB:-8}"
+if ! [[ "$NEED_GB" =~ ^[0-9]+$ ]]; then
+  echo "MEGATRON_PACKING_STACK312_FREE_GB must be a whole number of GB, got '$NEED_GB'" >&2
+  exit 1
+fi
 if ! ls "$VENV"/.installed-* > /dev/null 2>&1; then
   mkdir -p "$(dirname "$VENV")"
   free_kb="$(df -Pk "$(dirname "$VENV")" | awk 'NR == 2 {print $4}')"
