@@ -3,7 +3,7 @@
 With the batch-size window, boundary j may sit anywhere within +-v of j x B, and consecutive
 boundaries within v of each other. A dynamic programme over every (step, offset) pair, packing
 every segment with MFFD, finds the path that aligns the most steps
-(`megatron_packing.packing.reference.best_contiguous_path`). No online planner that takes
+(`megatron_packing.packing.reference.contiguous_path_bounds`). No online planner that takes
 contiguous steps and uses the packer's natural counts can beat it; bounded deferral is not
 contiguous and can. The same programme gives the fewest bins (padded to dp) of any contiguous
 path. Prints a table; not a timed test.

@@ -25,9 +25,9 @@ from report import Report  # noqa: E402
 from megatron_packing.common.validation import allowed_batch_variation  # noqa: E402
 from megatron_packing.reports.pools import find_pool_dir, load_pools, mixed_stream  # noqa: E402
 from megatron_packing.reports.simulation import (  # noqa: E402
-    ceiling_aligned_steps,
     compare,
     format_comparison,
+    offline_best_paths,
 )
 
 GEOMETRIES = ((1024, 65536, 4), (1024, 65536, 8), (256, 16384, 8), (512, 32768, 16),
@@ -55,12 +55,12 @@ def main() -> None:
         common = dict(batch_size=batch, capacity=capacity, dp_size=dp, steps=args.steps)
         runs = compare(lengths, max_deferred_examples=args.max_deferred, **common)
         v = allowed_batch_variation(batch, 0.05)
-        ceiling = (ceiling_aligned_steps(lengths, **common)
-                   if 2 * v + 1 <= args.ceiling_max_window else None)
+        best = (offline_best_paths(lengths, **common)
+                if 2 * v + 1 <= args.ceiling_max_window else None)
         title = f"B={batch}, capacity={capacity:,}, dp={dp}, {args.steps} steps"
-        report.print(format_comparison(runs, title, ceiling))
+        report.print(format_comparison(runs, title, best))
         report.print()
-        summary.append((batch, capacity, dp, runs, ceiling))
+        summary.append((batch, capacity, dp, runs, best))
 
     report.print(f"### Summary ({args.steps} steps; deferral: at most {args.max_deferred} examples)")
     report.print()
@@ -70,13 +70,13 @@ def main() -> None:
                  "| token CV: fixed B | project | + deferral | plan ms median / p99: project "
                  "| + deferral | packer runs / step: exhaustive | project | + deferral |")
     report.print("|---" * 20 + "|")
-    for batch, capacity, dp, (fixed, exhaustive, ours, deferred), ceiling in summary:
-        best = "not run" if ceiling is None else f"{ceiling / args.steps:.1%}"
+    for batch, capacity, dp, (fixed, exhaustive, ours, deferred), paths in summary:
+        best_share = "not run" if paths is None else f"{paths.aligned_steps / args.steps:.1%}"
         report.print(
             f"| {batch} / {capacity // 1024}K / {dp} | {fixed.bins:,} | {exhaustive.bins:,} "
             f"| {ours.bins:,} | {deferred.bins:,} | {exhaustive.padding_bins:,} "
             f"| {ours.padding_bins:,} | {deferred.padding_bins:,} | {exhaustive.aligned_fraction:.1%} "
-            f"| {ours.aligned_fraction:.1%} | {deferred.aligned_fraction:.1%} | {best} "
+            f"| {ours.aligned_fraction:.1%} | {deferred.aligned_fraction:.1%} | {best_share} "
             f"| {fixed.token_cv:.2%} | {ours.token_cv:.2%} | {deferred.token_cv:.2%} "
             f"| {ours.plan_ms_median:.2f} / {ours.plan_ms_p99:.1f} "
             f"| {deferred.plan_ms_median:.2f} / {deferred.plan_ms_p99:.1f} "

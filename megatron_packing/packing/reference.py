@@ -3,10 +3,11 @@
 - `plan_exhaustively`: the straightforward online planner. Every step packs every size of its
   window (target, target+1, target-1, ...), takes the first whose bin count divides by dp, or
   else the fewest padding bins, then the size nearest the target. No lookahead.
-- `best_contiguous_path`: offline, the most steps whose packed bin count divides by dp over every
-  admissible path of contiguous step boundaries (boundary j within +-v of j x B, consecutive
-  boundaries within v of each other, the last step repaying the drift). No online planner that
-  takes contiguous steps and uses the packer's natural counts can align more steps.
+- `contiguous_path_bounds`: offline, over every admissible path of contiguous step boundaries
+  (boundary j within +-v of j x B, consecutive boundaries within v of each other, the last step
+  repaying the drift), the most steps whose packed bin count divides by dp, and the fewest bins
+  after rounding each step's count up to dp. No online planner that takes contiguous steps and
+  uses the packer's natural counts can align more steps or use fewer bins.
 
 Both consume exactly ``steps x B`` examples in ``steps`` steps, as a run with that horizon does.
 """
@@ -89,14 +90,6 @@ def plan_exhaustively(lengths: np.ndarray, *, batch_size: int, capacity: int, dp
         drift += size - batch_size
     return ReferenceRun(steps, bins, padding, aligned, sizes, tokens, np.asarray(plan_ms), runs,
                         step_bins)
-
-
-def best_contiguous_path(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int,
-                         v: int, steps: int, algorithm: str = "mffd") -> int:
-    """The most steps whose natural bin count divides by dp, over every admissible path."""
-    return contiguous_path_bounds(lengths, batch_size=batch_size, capacity=capacity,
-                                  dp_size=dp_size, v=v, steps=steps,
-                                  algorithm=algorithm)[0]
 
 
 def contiguous_path_bounds(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int,

@@ -126,7 +126,8 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     pools.add_argument("--no-exhaustive", action="store_true",
                        help="skip the exhaustive reference planner (it packs every size every step)")
     pools.add_argument("--no-ceiling", action="store_true",
-                       help="skip the offline best contiguous path (about (2v+1)^2 packs per step)")
+                       help="skip the offline best contiguous paths, most aligned steps and fewest "
+                       "bins (about (2v+1)^2 packs per step)")
 
 
 def resolve_simulate_form(args: argparse.Namespace) -> None:

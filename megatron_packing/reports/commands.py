@@ -37,7 +37,7 @@ from .config_simulation import (
 )
 from .pools import find_pool_dir, load_pools, pool_stream
 from .progress import Progress, progress_enabled
-from .simulation import ceiling_aligned_steps, compare, format_comparison
+from .simulation import compare, format_comparison, offline_best_paths
 from .tuning import (
     DEFAULT_CAPACITY_FACTORS,
     DEFAULT_VARIATIONS,
@@ -110,16 +110,16 @@ def _simulate_on_pools(args: argparse.Namespace) -> int:
                                   variation=args.variation, algorithm=args.algorithm)
     runs = compare(lengths, exhaustive=not args.no_exhaustive,
                    max_deferred_examples=args.max_deferred, **common)
-    ceiling = None if args.no_ceiling else ceiling_aligned_steps(lengths, **common)
+    best = None if args.no_ceiling else offline_best_paths(lengths, **common)
     if args.json:
         document: dict[str, Any] = {r.label: asdict(r) for r in runs}
-        if ceiling is not None:
-            document["best_contiguous_path"] = {"aligned_steps": ceiling}
+        if best is not None:
+            document["best_contiguous_paths"] = asdict(best)
         print(json.dumps(document, indent=2))
     else:
         title = (f"{args.pool} pool, B={args.batch_size}, capacity={args.capacity}, "
                  f"dp={args.dp_size}, variation={args.variation}, {args.steps} steps")
-        print(format_comparison(runs, title, ceiling))
+        print(format_comparison(runs, title, best))
     return 0
 
 

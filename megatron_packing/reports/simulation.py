@@ -26,7 +26,11 @@ from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, imbalance
 from megatron_packing.packing.planner.sizer import StepSizer
 from megatron_packing.packing.planner.tunables import PlannerTunables
-from megatron_packing.packing.reference import ReferenceRun, best_contiguous_path, plan_exhaustively
+from megatron_packing.packing.reference import (
+    ReferenceRun,
+    contiguous_path_bounds,
+    plan_exhaustively,
+)
 from megatron_packing.packing.step_time import assign_work, step_times
 
 from .steps import StepSeries, cv, run_steps
@@ -150,12 +154,24 @@ def simulate_exhaustive(lengths: np.ndarray, *, batch_size: int, capacity: int, 
     )
 
 
-def ceiling_aligned_steps(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int,
-                          steps: int, variation: float = 0.05, algorithm: str = "mffd") -> int:
-    """Steps aligned on the offline best contiguous path (see `best_contiguous_path`)."""
+@dataclass(frozen=True)
+class BestPaths:
+    """The offline best contiguous paths over a stream (`contiguous_path_bounds`): the most
+    aligned steps on one path, and the fewest bins (natural counts rounded up to dp) on another.
+    A planner that packs to a capped count can use fewer bins than ``fewest_bins``."""
+
+    aligned_steps: int
+    fewest_bins: int
+
+
+def offline_best_paths(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int,
+                       steps: int, variation: float = 0.05, algorithm: str = "mffd") -> BestPaths:
+    """The most aligned steps and the fewest bins over every admissible contiguous path."""
     v = allowed_batch_variation(batch_size, variation)
-    return best_contiguous_path(lengths, batch_size=batch_size, capacity=capacity, dp_size=dp_size,
-                                v=v, steps=steps, algorithm=algorithm)
+    aligned, fewest = contiguous_path_bounds(lengths, batch_size=batch_size, capacity=capacity,
+                                             dp_size=dp_size, v=v, steps=steps,
+                                             algorithm=algorithm)
+    return BestPaths(aligned, fewest)
 
 
 def compare(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int, steps: int,
@@ -178,14 +194,18 @@ def compare(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int
 
 
 def format_comparison(runs: Sequence[SimulationResult], title: str,
-                      ceiling: int | None = None) -> str:
-    """A markdown table: one row per measure, one column per run (plus the offline ceiling)."""
+                      best: BestPaths | None = None) -> str:
+    """A markdown table: one row per measure, one column per run (plus the offline best paths:
+    their fewest bins and most aligned steps)."""
     base = runs[0]
 
-    def fewer(run: SimulationResult) -> str:
-        if run is base or not base.bins:
+    def fewer_bins(bins: int) -> str:
+        if not base.bins:
             return ""
-        return f" ({(base.bins - run.bins) / base.bins * 100:+.3f}% vs {base.label})"
+        return f" ({(base.bins - bins) / base.bins * 100:+.3f}% vs {base.label})"
+
+    def fewer(run: SimulationResult) -> str:
+        return "" if run is base else fewer_bins(run.bins)
 
     def imb(value: float | None) -> str:
         return "-" if value is None else f"{value:.4f}"
@@ -206,12 +226,15 @@ def format_comparison(runs: Sequence[SimulationResult], title: str,
         ("plan ms median / p99", lambda r: f"{r.plan_ms_median:.2f} / {r.plan_ms_p99:.2f}"),
         ("packer runs / step", lambda r: f"{r.packer_runs_mean:.1f}"),
     ]
-    header = [r.label for r in runs] + (["best contiguous path (offline)"] if ceiling is not None else [])
+    header = [r.label for r in runs] + (["best contiguous paths (offline)"] if best is not None else [])
     lines = [f"### {title}", "", "| measure | " + " | ".join(header) + " |",
              "|---" * (len(header) + 1) + "|"]
+    offline = {} if best is None else {
+        "bins": f"{best.fewest_bins:,}{fewer_bins(best.fewest_bins)}",
+        "steps aligned to dp": f"{best.aligned_steps / base.steps:.1%}"}
     for name, cell in measures:
         row = [cell(r) for r in runs]
-        if ceiling is not None:
-            row.append(f"{ceiling / base.steps:.1%}" if name == "steps aligned to dp" else "")
+        if best is not None:
+            row.append(offline.get(name, ""))
         lines.append(f"| {name} | " + " | ".join(row) + " |")
     return "\n".join(lines)

@@ -1,0 +1,51 @@
+"""``simulate`` on the length pools: the runs and the offline best paths, as JSON and as a table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from megatron_packing.cli import main
+from megatron_packing.common.validation import allowed_batch_variation
+from megatron_packing.packing.reference import contiguous_path_bounds
+from megatron_packing.reports.pools import find_pool_dir, load_pools, pool_stream
+
+B, CAPACITY, DP, STEPS = 64, 2048, 2, 8
+ARGS = ["simulate", "--pool", "gsm8k", "--batch-size", str(B), "--capacity", str(CAPACITY),
+        "--dp-size", str(DP), "--steps", str(STEPS), "--no-exhaustive"]
+
+
+def _json(capsys: pytest.CaptureFixture[str], *extra: str) -> dict:
+    assert main([*ARGS, "--json", *extra]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_json_gives_both_offline_paths_as_the_programme_finds_them(capsys):
+    document = _json(capsys)
+    lengths = pool_stream(load_pools(find_pool_dir()), "gsm8k", STEPS * B, CAPACITY, seed=0)
+    aligned, fewest = contiguous_path_bounds(lengths, batch_size=B, capacity=CAPACITY, dp_size=DP,
+                                             v=allowed_batch_variation(B, 0.05), steps=STEPS)
+    assert document["best_contiguous_paths"] == {"aligned_steps": aligned, "fewest_bins": fewest}
+    # Fixed B is one admissible path (every boundary at its nominal place): no better than either.
+    fixed = document["fixed B"]
+    assert fewest <= fixed["bins"] and aligned >= fixed["aligned_steps"]
+    assert aligned >= document["aligned"]["aligned_steps"]
+
+
+def test_the_table_shows_the_fewest_bins_and_the_aligned_share_in_the_offline_column(capsys):
+    best = _json(capsys)["best_contiguous_paths"]
+    assert main(ARGS) == 0
+    cells = [[cell.strip() for cell in line.strip()[1:-1].split("|")]
+             for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    rows = {row[0]: row for row in cells}
+    assert rows["measure"][-1] == "best contiguous paths (offline)"
+    assert rows["bins"][-1].startswith(f"{best['fewest_bins']:,} (")
+    assert rows["steps aligned to dp"][-1] == f"{best['aligned_steps'] / STEPS:.1%}"
+    assert rows["token fill"][-1] == ""
+
+
+def test_no_ceiling_leaves_out_the_offline_paths(capsys):
+    assert "best_contiguous_paths" not in _json(capsys, "--no-ceiling")
+    assert main([*ARGS, "--no-ceiling"]) == 0
+    assert "offline" not in capsys.readouterr().out
