@@ -13,9 +13,11 @@ def test_simulate_prints_the_exhaustive_reference_and_the_offline_best_path(caps
     out = capsys.readouterr().out
     header = next(line for line in out.splitlines() if line.startswith("| measure"))
     assert header == ("| measure | fixed B | exhaustive | aligned | aligned, defer <= 2 "
-                      "| best contiguous path (offline) |")
+                      "| best contiguous paths (offline) |")
     aligned_row = next(line for line in out.splitlines() if line.startswith("| steps aligned"))
     assert aligned_row.rstrip(" |").split("|")[-1].strip().endswith("%")  # the ceiling's share
+    bins_row = next(line for line in out.splitlines() if line.startswith("| bins |"))
+    assert bins_row.rstrip(" |").split("|")[-1].strip().endswith("% vs fixed B)")  # fewest bins
     assert "| packer runs / step |" in out
 
 
