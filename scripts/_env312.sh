@@ -24,7 +24,7 @@ if ! [[ "$NEED_GB" =~ ^[0-9]+$ ]]; then
   echo "MEGATRON_PACKING_STACK312_FREE_GB must be a whole number of GB, got '$NEED_GB'" >&2
   exit 1
 fi
-if ! ls "$VENV"/.installed-* > /dev/null 2>&1; then
+if ! venv_installed "$VENV"; then
   mkdir -p "$(dirname "$VENV")"
   free_kb="$(df -Pk "$(dirname "$VENV")" | awk 'NR == 2 {print $4}')"
   if [ "$free_kb" -lt $((NEED_GB * 1024 * 1024)) ]; then
