@@ -77,6 +77,7 @@ class StepPlan:
     packs: int = 0  # sizes the search evaluated
     packer_runs: int = 0  # packer runs really made (lookahead included, memo hits excluded)
     deferred: tuple[int, ...] = ()  # examples of this step's window left to lead the next step
+    evened: bool = False  # took the nominal tokens where no size of any step ahead saves a bin
 
     @property
     def num_examples(self) -> int:
@@ -115,6 +116,7 @@ class StepMetadata:
     plan_ms: float  # time spent planning this step
     aligned: bool  # bin count reached a multiple of dp without padding bins
     is_eval: bool = False
+    evened: bool = False  # padded on purpose: no size of this step or those ahead saved a bin
     extra: dict[str, float] = field(default_factory=dict)
 
 

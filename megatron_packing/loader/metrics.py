@@ -26,6 +26,7 @@ METRIC_NAMES = (
     "train/placeholder_bins",
     "train/micro_batches_per_rank",
     "train/aligned",
+    "train/evened",
 )
 
 
@@ -43,6 +44,7 @@ def step_metrics(meta: StepMetadata, *, loss: float | None = None,
         "train/placeholder_bins": int(meta.num_placeholder_bins),
         "train/micro_batches_per_rank": int(meta.micro_batches_per_rank),
         "train/aligned": int(bool(meta.aligned)),
+        "train/evened": int(bool(meta.evened)),
     }
     if loss is not None:
         metrics["train/loss"] = float(loss)

@@ -195,4 +195,5 @@ def step_metadata(plan: Any) -> StepMetadata:
         plan_ms=plan.plan_ms,
         aligned=plan.aligned,
         is_eval=plan.is_eval,
+        evened=plan.evened,
     )

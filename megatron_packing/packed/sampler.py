@@ -356,6 +356,7 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
             packs=decision.packs,
             packer_runs=decision.packer_runs,
             deferred=tuple(window_list[p] for p in decision.deferred),
+            evened=decision.evened,
         )
         cursor.step += 1
         cursor.step_in_epoch += 1

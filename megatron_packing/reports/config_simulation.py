@@ -232,6 +232,7 @@ def format_simulation(result: ConfigSimulation) -> str:
         ("padding bins", lambda s: f"{s['padding_bins']:,}", ""),
         ("token fill", lambda s: f"{s['token_fill']:.2%}", ""),
         ("steps aligned to dp", lambda s: f"{s['aligned_steps']:,} ({s['aligned_fraction']:.1%})", ""),
+        ("steps evened (aligning saved no bin)", lambda s: f"{s['evened_steps']:,}", ""),
         ("batch size range", lambda s: f"{s['batch_size_min']}-{s['batch_size_max']}", ""),
         ("micro-batches per rank", lambda s: (f"{s['micro_batches_per_rank_mean']:.2f} "
                                               f"({s['micro_batches_per_rank_min']}-"

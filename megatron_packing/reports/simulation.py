@@ -59,6 +59,7 @@ class SimulationResult:
     step_time_cv: float = 0.0  # modeled step time (slowest rank): std / mean across steps
     step_time_imbalance: float = 1.0  # mean(slowest rank) / mean(rank), modeled
     modeled_time: float = 0.0  # the run's modeled time: the slowest rank's cost, summed over steps
+    evened_steps: int = 0  # padded on purpose where aligning saved no bin (planner.floor)
 
     @property
     def aligned_fraction(self) -> float:
@@ -72,6 +73,7 @@ class SimulationResult:
         return cls(
             label=series.label, steps=s["steps"], examples=s["examples"], bins=s["bins"],
             padding_bins=s["padding_bins"], aligned_steps=s["aligned_steps"],
+            evened_steps=s["evened_steps"],
             token_fill=s["token_fill"], min_batch=s["batch_size_min"],
             max_batch=s["batch_size_max"], token_cv=s["token_cv"],
             imbalance_round_robin=imbalance_round_robin, imbalance_balanced=imbalance_balanced,
@@ -215,6 +217,7 @@ def format_comparison(runs: Sequence[SimulationResult], title: str,
         ("padding bins", lambda r: f"{r.padding_bins:,}"),
         ("token fill", lambda r: f"{r.token_fill:.3%}"),
         ("steps aligned to dp", lambda r: f"{r.aligned_fraction:.1%}"),
+        ("steps evened (aligning saved no bin)", lambda r: f"{r.evened_steps:,}"),
         ("batch size range", lambda r: f"{r.min_batch}-{r.max_batch}"),
         ("examples", lambda r: f"{r.examples:,}"),
         ("examples deferred", lambda r: f"{r.deferred_examples:,}"),

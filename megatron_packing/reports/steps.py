@@ -49,6 +49,7 @@ class StepSeries:
     token_fill: np.ndarray
     dp_imbalance: np.ndarray  # the configured rank assignment's max-rank / mean-rank cost
     aligned: np.ndarray
+    evened: np.ndarray  # padded on purpose: no size of the step or of those ahead saved a bin
     truncated: np.ndarray
     deferred: np.ndarray  # examples of the step's window moved to the next step
     packer_runs: np.ndarray
@@ -81,6 +82,7 @@ class StepSeries:
             "token_fill": tokens / (bins * self.bin_capacity) if bins else 0.0,
             "aligned_steps": int(self.aligned.sum()),
             "aligned_fraction": float(self.aligned.mean()) if ran else 0.0,
+            "evened_steps": int(self.evened.sum()),
             "batch_size_min": int(self.batch_size.min()) if ran else 0,
             "batch_size_max": int(self.batch_size.max()) if ran else 0,
             "token_cv": cv(self.tokens),
@@ -113,6 +115,7 @@ class StepSeries:
                 "token_fill": [round(x, 6) for x in self.token_fill.tolist()],
                 "dp_imbalance": [round(x, 6) for x in self.dp_imbalance.tolist()],
                 "aligned": self.aligned.tolist(),
+                "evened": self.evened.tolist(),
             },
         }
 
@@ -130,7 +133,7 @@ def run_steps(sampler: DPAlignedPackingBatchSampler, steps: int, *, label: str,
     started = time.perf_counter()
     columns: dict[str, list[Any]] = {k: [] for k in (
         "batch_size", "tokens", "bins", "padding_bins", "token_fill", "dp_imbalance", "aligned",
-        "truncated", "deferred", "packer_runs", "plan_ms", "slowest_rank", "mean_rank")}
+        "evened", "truncated", "deferred", "packer_runs", "plan_ms", "slowest_rank", "mean_rank")}
     hopeless = 0
     description = (f"simulating {label} (C={sampler.bin_capacity}, "
                    f"variation={sampler.variation_fraction:g})")
@@ -147,6 +150,7 @@ def run_steps(sampler: DPAlignedPackingBatchSampler, steps: int, *, label: str,
                 columns["token_fill"].append(plan.token_fill)
                 columns["dp_imbalance"].append(plan.dp_imbalance)
                 columns["aligned"].append(plan.aligned)
+                columns["evened"].append(plan.evened)
                 columns["truncated"].append(len(plan.truncated))
                 columns["deferred"].append(len(plan.deferred))
                 columns["packer_runs"].append(plan.packer_runs)
@@ -162,7 +166,7 @@ def run_steps(sampler: DPAlignedPackingBatchSampler, steps: int, *, label: str,
             if len(columns["bins"]) == before:
                 break
     arrays = {k: np.asarray(v, dtype=np.float64 if k in _FLOAT_COLUMNS else
-                            bool if k == "aligned" else np.int64) for k, v in columns.items()}
+                            bool if k in ("aligned", "evened") else np.int64) for k, v in columns.items()}
     return StepSeries(label=label, bin_capacity=sampler.bin_capacity, dp_size=sampler.dp_size,
                       variation=sampler.variation_fraction, hopeless_steps=hopeless,
                       seconds=time.perf_counter() - started, **arrays)

@@ -35,6 +35,10 @@ def test_step_metrics_names_and_values():
     assert m["train/actual_batch_size"] == 31  # real examples, never rows
     assert m["train/loss_tokens"] == 1700 and m["train/placeholder_bins"] == 2
     assert m["train/loss"] == 2.5 and m["train/lr"] == 1e-3 and m["train/aligned"] == 0
+    assert m["train/evened"] == 0
+    evened = _meta()
+    evened.evened = True
+    assert step_metrics(evened)["train/evened"] == 1
 
 
 def test_jsonl_and_memory_loggers(tmp_path):

@@ -74,7 +74,8 @@ def test_fixed_step_run_consumes_exactly_steps_times_batch_without_epoch_tails(s
 @SETTINGS
 @given(scenarios())
 def test_bins_divide_by_dp_whenever_some_size_in_the_window_allows_it(s):
-    # An unlimited search must find an aligned size whenever one exists (natural packer count).
+    # An unlimited search must find an aligned size whenever one exists (natural packer count),
+    # unless the step was evened at its floor, where no size of the window costs fewer bins.
     sampler = make(s, max_packs=None, total_steps=None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -82,14 +83,20 @@ def test_bins_divide_by_dp_whenever_some_size_in_the_window_allows_it(s):
     checker = make(s, max_packs=None, total_steps=None)
     order = [int(i) for i in checker.order.sampler]
     emitted, drift = 0, 0
+    dp = sampler.dp_size
     for j, plan in enumerate(plans):
-        if plan.aligned or plan.hopeless:
-            pass
-        else:
-            ahead = order[emitted:]
+        ahead = order[emitted:]
+        if plan.evened:
+            # Not aligned on purpose: then no size of the window costs fewer bins.
             for size in _window(sampler, drift, len(ahead), len(plans) - j):
                 count = len(sampler.packer.pack(sampler.effective_lengths[ahead[:size]]))
-                assert count % sampler.dp_size != 0 or count < sampler.dp_size, (
+                assert max(dp, -(-count // dp) * dp) >= plan.num_bins, (
+                    f"step {j} was evened at {plan.num_bins} bins, but size {size} packs "
+                    f"into {count}")
+        elif not (plan.aligned or plan.hopeless):
+            for size in _window(sampler, drift, len(ahead), len(plans) - j):
+                count = len(sampler.packer.pack(sampler.effective_lengths[ahead[:size]]))
+                assert count % dp != 0 or count < dp, (
                     f"step {j}: size {size} packs into {count} bins, a multiple of dp, "
                     "but the step was not aligned"
                 )

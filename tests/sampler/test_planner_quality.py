@@ -294,13 +294,14 @@ def test_the_bound_judges_a_whole_grid_as_it_judges_pairs():
 
 def test_a_small_window_is_searched_whole_by_default():
     # Default budget (max_packs=8), 13 sizes: a step is left unaligned only after every size of
-    # its window was packed and none packs into a multiple of dp, as with the exhaustive search.
+    # its window was packed and none packs into a multiple of dp, as with the exhaustive search
+    # (or evened, where no size saves a bin: tests/sampler/test_invariants.py checks those).
     batch, capacity, dp, steps = 128, 20096, 8, 200
     lengths = pool_stream(batch * steps, capacity)
     sampler, plans = plans_of(lengths, batch, dp, capacity, steps)
     position, drift, checked = 0, 0, 0
     for j, plan in enumerate(plans[:-1]):
-        if not plan.aligned:
+        if not plan.aligned and not plan.evened:
             context = StepContext(batch, sampler.v, drift, len(lengths) - position, steps - j,
                                   steps - j)
             lowest, highest, _ = context.window()

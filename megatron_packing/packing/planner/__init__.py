@@ -10,6 +10,7 @@ One job a module, each behind a small typed interface (docs/sampler.md, "The pla
 - `lookahead`: how many of the next steps can align after each size (`future_alignment`), or
   from each of the next step's end boundaries (`onward_alignment`);
 - `search`: the exact and the bounded search, behind one `SizeSearch` interface;
+- `floor`: where no size of any step ahead saves a bin, so a step evens its tokens instead;
 - `deferral`: aligning by leaving a few examples for the next step;
 - `padding`: ranking sizes that cannot align (their bins are rounded up by `dp_rounding`);
 - `sizer`: `StepSizer`, which puts them together.

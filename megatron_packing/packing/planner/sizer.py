@@ -1,11 +1,13 @@
 """`StepSizer`: one step's size and bins, from the parts of this package.
 
-Inside the window (`window`), a step that can align always does: the exact or the bounded
-search (`search`), planning ahead only to choose among such sizes (`lookahead`). With bounded
-deferral, a step that cannot align may leave a few examples of its window to lead the next step
-(`deferral`). Otherwise the step is padded: among the sizes packed, the one after which most of
-the next steps can align, then the best by `padding.rank_padded`; its bins are rounded up to a
-multiple of dp by `dp_rounding.round_to_dp`, the packer's own dp rounding.
+Inside the window (`window`), where no size of this step or of the steps ahead can save a bin
+(`floor`), the step takes the size nearest the nominal tokens and pads it to its floor. Otherwise
+a step that can align does: the exact or the bounded search (`search`), planning ahead only to
+choose among such sizes (`lookahead`). With bounded deferral, a step that cannot align may leave
+a few examples of its window to lead the next step (`deferral`). Otherwise the step is padded:
+among the sizes packed, the one after which most of the next steps can align, then the best by
+`padding.rank_padded`; its bins are rounded up to a multiple of dp by `dp_rounding.round_to_dp`,
+the packer's own dp rounding.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import numpy as np
 
 from megatron_packing.common.validation import require_int
 from megatron_packing.packing.algorithms import SeqPacker
-from megatron_packing.packing.dp_rounding import round_to_dp
+from megatron_packing.packing.dp_rounding import first_multiple, round_to_dp
 from megatron_packing.packing.planner.bounds import SegmentBound
 from megatron_packing.packing.planner.deferral import DeferralSearch
+from megatron_packing.packing.planner.floor import floor_bins, no_step_can_drop
 from megatron_packing.packing.planner.lookahead import future_alignment
 from megatron_packing.packing.planner.padding import fewest_padding_size, rank_padded
 from megatron_packing.packing.planner.search import (
@@ -51,6 +54,7 @@ class SizingDecision:
     span: int = 0  # examples of the read-ahead consumed: size + deferred
     deferred: list[int] = field(default_factory=list)  # positions (< span) left for the next step
     packer_runs: int = 0  # packer runs really made for this step, lookahead included
+    evened: bool = False  # took the nominal tokens at the floor, where no size saves a bin
 
 
 class StepSizer:
@@ -150,6 +154,11 @@ class StepSizer:
         # further than this from the anchor raises the token load's spread above fixed B's.
         spread = float(np.sqrt(target) * lengths.std()) if len(lengths) else 0.0
 
+        evened = self._even_at_floor(lengths, aligned, bound, bounds, context, tokens,
+                                     spread / anchor if anchor > 0 else 0.0, packs)
+        if evened is not None:
+            return evened
+
         problem = SearchProblem(lengths, bound, bounds, context, context.window().sizes(),
                                 token_gap, packs)
         result = self.search_for(lowest, highest).search(problem)
@@ -190,6 +199,46 @@ class StepSizer:
                                           ranked, self.horizon)
             size = min(ranked, key=lambda k: -future[k])  # stable: ties keep the ranking
         return self._finish(lengths[:size], packed[size], False, packs, tried, sizes=aligned[:size])
+
+    def _even_at_floor(self, lengths: np.ndarray, aligned: np.ndarray, bound: SegmentBound,
+                       bounds: np.ndarray, context: StepContext, tokens: np.ndarray,
+                       token_cv: float, packs: int) -> SizingDecision | None:
+        """The step when no size can save a bin, this step or ahead (`floor`): the size whose
+        tokens are nearest B x the read-ahead's mean length, if it packs into the step's floor;
+        else None (the search decides). ``token_cv``: a fixed-B step's token spread over its
+        tokens, which scales the margin for the stream beyond the read-ahead."""
+        spreads = self.tunables.floor_margin_spreads
+        if spreads is None:
+            return None
+        # The epoch's or the run's last step is forced to take whatever drift is left, and may
+        # cross a multiple of dp with it; the step before it is the last that can steer that
+        # drift, so it aligns where it can. (Evening those two cost bins: 16 at 2048 / 32K /
+        # dp 16 held out, 8 at 256 / 16K / dp 8 of the study.)
+        steps_left = min(context.steps_left_in_epoch, context.steps_left_in_run or 1 << 62)
+        if steps_left <= 2:
+            return None
+        lowest, highest, target = context.window()
+        nominal = float(tokens[-1]) / max(len(lengths), 1) * context.batch_size
+        # Nearest the nominal tokens (the prefix sums ascend: the two sizes around it); ties
+        # nearest the target, then the larger size.
+        at = int(np.searchsorted(tokens, nominal))
+        near = {min(max(k, lowest), highest) for k in (at - 1, at)}
+        size = min(near, key=lambda k: (abs(float(tokens[k]) - nominal), abs(k - target), -k))
+        floor = floor_bins(bounds, lowest, self.dp_size)
+        if first_multiple(int(bounds[size]), self.dp_size) != floor:
+            return None  # above the floor by the bound already: no pack needed to know
+        if not no_step_can_drop(bound, size, context.batch_size, context.v, self.horizon - 1,
+                                len(lengths), self.dp_size, spreads * token_cv):
+            return None
+        bins, ok = self.segments.segment(lengths, 0, size, bound)
+        cost = len(bins) if ok else first_multiple(len(bins), self.dp_size)
+        if cost != floor:
+            return None
+        decision = self._finish(lengths[:size], bins, ok, packs + 1, [size], sizes=aligned[:size])
+        if decision.placeholder_bins:
+            return None  # an empty micro-batch where aligning might need none: search
+        decision.evened = True
+        return decision
 
     def _finish(self, lengths: np.ndarray, bins: Bins, aligned: bool, packs: int, tried: list[int],
                 *, deferred: list[int] | None = None, runs: int = 0,

@@ -65,6 +65,20 @@ class PlannerTunables:
     +8 bins at 128/4K/8; at 0.6, -8 bins and +1 aligned there but token CV +0.12 points at
     256/16K/8 (a 150-step stream; the basis ran 677 steps)."""
 
+    floor_margin_spreads: float | None = 2.0
+    """A step whose size nearest the nominal tokens packs into its floor takes that size
+    instead of aligning when no step ahead could fall a multiple of dp even this many fixed-B
+    token spreads below its smallest size's bound (`floor.no_step_can_drop`); None: a step that
+    can align always does. Basis: the six study geometries (677 steps, each value through
+    ``reports.simulation.simulate`` with ``tunables``), the smallest margin at which they plan
+    as with None: at 0, bins behind the exhaustive search at four (1024/64K/8: 27,256 against
+    27,208; 256/16K/8: 24,104 against 23,968; 512/32K/16: 30,736 against 30,528; 128/4K/8:
+    28,648 against 28,584); at 1, the same bins, 55.5% aligned against 56.9% at 1024/64K/8; at
+    2, 3 and 4 (and at 2 with deferral 8), bins, aligned steps and token CV as with None on
+    all six. Held out (not used to choose), at 2 against None: token CV 0.58% against 1.23%
+    at 2048/8K/16 (fixed B 1.08%), 0.93% against 3.54% at 2048/2K/64, 1.40% against 3.75% at
+    2048/128K/32, the same bins on all nine. Sweep: no change at 1 or 4."""
+
     defer_tries: int = 3
     """Deferring the largest examples tries the fewest the token bound allows, then this many
     more counts. Basis: inherited, no measurement of its own. Sweep (deferral 8 at 128/4K/8):
