@@ -116,7 +116,7 @@ class StepMetadata:
     plan_ms: float  # time spent planning this step
     aligned: bool  # bin count reached a multiple of dp without padding bins
     is_eval: bool = False
-    evened: bool = False  # padded on purpose: no size of this step or those ahead saved a bin
+    evened: bool = False  # took the nominal tokens: no size of it or those ahead saved a bin
     extra: dict[str, float] = field(default_factory=dict)
 
 

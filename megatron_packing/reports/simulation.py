@@ -59,7 +59,7 @@ class SimulationResult:
     step_time_cv: float = 0.0  # modeled step time (slowest rank): std / mean across steps
     step_time_imbalance: float = 1.0  # mean(slowest rank) / mean(rank), modeled
     modeled_time: float = 0.0  # the run's modeled time: the slowest rank's cost, summed over steps
-    evened_steps: int = 0  # padded on purpose where aligning saved no bin (planner.floor)
+    evened_steps: int = 0  # took the nominal tokens where aligning saved no bin (planner.floor)
 
     @property
     def aligned_fraction(self) -> float:

@@ -49,7 +49,7 @@ class StepSeries:
     token_fill: np.ndarray
     dp_imbalance: np.ndarray  # the configured rank assignment's max-rank / mean-rank cost
     aligned: np.ndarray
-    evened: np.ndarray  # padded on purpose: no size of the step or of those ahead saved a bin
+    evened: np.ndarray  # took the nominal tokens: no size of it or those ahead saved a bin
     truncated: np.ndarray
     deferred: np.ndarray  # examples of the step's window moved to the next step
     packer_runs: np.ndarray
