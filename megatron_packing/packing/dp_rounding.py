@@ -25,6 +25,11 @@ def first_multiple(count: int, dp: int) -> int:
     return max(dp, -(-count // dp) * dp)
 
 
+def first_multiples(counts: np.ndarray, dp: int) -> np.ndarray:
+    """`first_multiple` of each count."""
+    return np.maximum(dp, -(-counts // dp) * dp)
+
+
 def round_to_dp(bins: Bins, sizes: Sequence[int] | np.ndarray, dp: int) -> tuple[Bins, int]:
     """``bins`` raised to `first_multiple` of dp bins, and how many of them are placeholders.
 

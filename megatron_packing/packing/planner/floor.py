@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from megatron_packing.packing.dp_rounding import first_multiple
+from megatron_packing.packing.dp_rounding import first_multiple, first_multiples
 from megatron_packing.packing.planner.bounds import SegmentBound
 
 
@@ -26,11 +26,6 @@ def floor_bins(bounds: np.ndarray, lowest: int, dp: int) -> int:
     """The fewest bins, rounded up to dp, that any size from ``lowest`` up can cost
     (``bounds``: the bound of each prefix, which never decreases)."""
     return first_multiple(int(bounds[lowest]), dp)
-
-
-def multiples(counts: np.ndarray, dp: int) -> np.ndarray:
-    """`first_multiple` of each count."""
-    return np.maximum(dp, -(-counts // dp) * dp)
 
 
 def no_step_can_drop(bound: SegmentBound, start: int, batch: int, v: int, steps: int,
@@ -53,4 +48,4 @@ def no_step_can_drop(bound: SegmentBound, start: int, batch: int, v: int, steps:
     nominal = bound(starts, starts + batch)
     margin = math.ceil(relative_margin * float(nominal.mean()))
     smallest = np.maximum(bound(starts, starts + (batch - v)) - margin, 1)
-    return bool(np.array_equal(multiples(smallest, dp), multiples(nominal, dp)))
+    return bool(np.array_equal(first_multiples(smallest, dp), first_multiples(nominal, dp)))

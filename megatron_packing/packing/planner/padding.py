@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from megatron_packing.packing.dp_rounding import Bins, first_multiple
+from megatron_packing.packing.dp_rounding import Bins, first_multiple, first_multiples
 
 
 def rank_padded(packed: dict[int, Bins], dp: int, target: int, token_gap: Callable[[int], float],
@@ -33,5 +33,5 @@ def fewest_padding_size(bounds: np.ndarray, lowest: int, highest: int, target: i
     """The size whose bound promises the fewest padding bins (ties: nearest the target)."""
     window = np.arange(lowest, highest + 1)
     estimated = bounds[window]
-    est_padding = np.maximum(dp, -(-estimated // dp) * dp) - estimated
+    est_padding = first_multiples(estimated, dp) - estimated
     return int(window[np.lexsort((np.abs(window - target), est_padding))[0]])
