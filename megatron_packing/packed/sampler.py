@@ -27,18 +27,15 @@ from megatron_packing.config.components import PackedSamplerConfig, config_or_ke
 from megatron_packing.config.keywords import PackedSamplerKeywords
 from megatron_packing.packed.layout import RowPlanner
 from megatron_packing.packing.balance import (
-    RankAssignment,
-    assign_bins_to_ranks,
     bin_costs,
     imbalance,
-    sequence_cost,
 )
 from megatron_packing.packing.factory import make_sft_sequence_packer
+from megatron_packing.packing.hand_out import hand_out
 from megatron_packing.packing.planner.feasibility import alignment_remedy
 from megatron_packing.packing.planner.sizer import StepSizer
 from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES
 from megatron_packing.packing.planner.window import StepContext
-from megatron_packing.packing.rebalance import rebalance_examples
 from megatron_packing.stream.base_order import EpochOrder
 from megatron_packing.stream.state_checks import (
     check_fingerprint,
@@ -303,18 +300,10 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
             taken = window
         step_lengths = self.effective_lengths[taken]
         kept, padded = self.effective_lengths[window], self.padded_lengths[window]
-        step_bins = decision.bins
+        step_bins, assignment = hand_out(
+            decision.bins, kept, padded, self.dp_size, self.packer.usable_capacity,
+            self.rank_assignment, self.sizer.tunables, self.attention_cost_constant)
         costs = bin_costs(step_bins, kept, self.attention_cost_constant)
-        assignment = assign_bins_to_ranks(costs, self.dp_size, method=self.rank_assignment)
-        if self.rank_assignment == RankAssignment.REBALANCED:
-            tunables = self.sizer.tunables
-            step_bins = rebalance_examples(
-                step_bins, padded, sequence_cost(kept, self.attention_cost_constant),
-                assignment, self.packer.usable_capacity,
-                fill_rounds=tunables.rebalance_fill_rounds,
-                evens_per_rank=tunables.rebalance_evens_per_rank,
-                neighbours=tunables.rebalance_neighbours, partners=tunables.rebalance_partners)
-            costs = bin_costs(step_bins, kept, self.attention_cost_constant)
         taken_list = taken.tolist()
         window_list = window.tolist()
         bins = tuple(tuple([window_list[p] for p in b]) for b in step_bins)

@@ -117,6 +117,20 @@ class PlannerTunables:
     examples on each side of the ideal cost. Basis: the rebalance sweep: 1 and 4 end alike on
     the held-out geometries (1.0119) and at B 4096 / dp 64 (1.0226 at 1, 1.0224 at 2 and 4)."""
 
+    rebalance_retry_above: float | None = 0.03
+    """With ``rank_assignment: rebalanced``, a step whose slowest rank is still more than this
+    fraction of the mean rank above the least any hand-out of its bins could reach
+    (`rank_bound.slowest_rank_bound`) is handed out again: whole bins by Karmarkar-Karp over the
+    moved bins' costs, then the evening transfers with every rank as a partner, kept where the
+    slowest rank is faster (`hand_out.hand_out`); None: one pass. Basis:
+    ``benchmarks/bench_rank_retry.py`` (``benchmarks/results/bench_rank_retry.md``, the six
+    study geometries and B 4096 / 128K / dp 64): mean slowest / mean rank of this planner at
+    1024 / 64K / dp 8 1.0112 off, 1.0065 at 1.5%, 1.0081 at 3%, 1.0103 at 6%; at 512 / 32K /
+    dp 16 1.0261, 1.0215, 1.0229, 1.0247; at 4096 / dp 64 1.0193, 1.0044, 1.0095, 1.0121. The
+    hand-out's added CPU time per step, mean: +0.81, +0.38, +0.21 ms at 1024 / dp 8 and +4.6,
+    +1.9, +1.2 ms at 4096 / dp 64 (a retried step there costs about 20 ms). 3% keeps the plan
+    median at 1024 / dp 8 near its 3 ms target; 1.5% takes most of the gain at twice the time."""
+
     grid_cache_cells: int = 256
     """(boundary x next boundary) grids of at least this many cells are remembered across steps;
     smaller ones are judged anew, cheaper than hashing their key (a pure cache)."""

@@ -1,0 +1,93 @@
+"""A step's bins handed to data-parallel ranks: whole bins, then examples moved between them.
+
+One function for the sampler and for the benchmarks' reference plans, so both are timed on the
+same footing. With ``rebalanced``:
+1. whole bins by Karmarkar-Karp (`balance.assign_bins_to_ranks`), then examples moved
+   (`rebalance.rebalance_examples`) with the tunables' fill rounds, evens and partners;
+2. where the slowest rank is still more than ``rebalance_retry_above`` x the mean rank above
+   the best any hand-out of these bins could reach (`rank_bound.slowest_rank_bound`), once
+   more: the moved bins handed out afresh by Karmarkar-Karp (moving examples made the bins'
+   costs more even, so whole bins now pair better), then the evening transfers again with every
+   rank as a partner (no fill: the first pass has filled). The second result is kept only where
+   its slowest rank is faster.
+
+The retry costs a second pass only on the steps the first leaves uneven and that could be
+evened (a few long sequences in bins with room); the bins, their count per rank and every
+bin's budget are kept as in `rebalance_examples`, so the step's alignment and padding are
+unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from megatron_packing.packing.balance import (
+    DEFAULT_ATTENTION_COST_CONSTANT,
+    RankAssignment,
+    assign_bins_to_ranks,
+    sequence_cost,
+)
+from megatron_packing.packing.planner.tunables import PlannerTunables
+from megatron_packing.packing.rank_bound import slowest_rank_bound
+from megatron_packing.packing.rebalance import rebalance_examples
+
+
+def _bin_totals(bins: Sequence[Sequence[int]], per_example: np.ndarray) -> np.ndarray:
+    """Per bin, the sum of ``per_example`` over its positions (0 for an empty bin)."""
+    counts = [len(b) for b in bins]
+    ids = np.repeat(np.arange(len(bins)), counts)
+    flat = np.fromiter((p for b in bins for p in b), dtype=np.int64, count=int(sum(counts)))
+    return np.bincount(ids, weights=per_example[flat], minlength=len(bins))
+
+
+def _slowest(bin_cost: np.ndarray, ranks: Sequence[Sequence[int]]) -> tuple[float, float]:
+    """(the slowest rank's cost, the mean rank's)."""
+    totals = [float(bin_cost[list(ids)].sum()) for ids in ranks]
+    return max(totals), sum(totals) / len(totals)
+
+
+def hand_out(bins: Sequence[Sequence[int]], lengths: Sequence[int] | np.ndarray,
+             sizes: Sequence[int] | np.ndarray, dp_size: int, capacity: int, method: str,
+             tunables: PlannerTunables,
+             attention_constant: float = DEFAULT_ATTENTION_COST_CONSTANT,
+             ) -> tuple[list[list[int]], list[list[int]]]:
+    """(bins, each rank's bin ids) for one step.
+
+    ``bins`` hold positions into ``lengths`` (the examples as trained: their modeled cost) and
+    ``sizes`` (the packer's aligned sizes, budgeted per bin by ``capacity``). ``method`` is a
+    `balance.RankAssignment`; only ``rebalanced`` moves examples.
+    """
+    per_example = sequence_cost(lengths, attention_constant)
+    out = [list(map(int, b)) for b in bins]
+    ranks = assign_bins_to_ranks(_bin_totals(out, per_example), dp_size, method=method)
+    if method != RankAssignment.REBALANCED:
+        return out, ranks
+
+    def rebalanced(start: list[list[int]], owners: list[list[int]], *, fill_rounds: int,
+                   partners: int) -> list[list[int]]:
+        return rebalance_examples(start, sizes, per_example, owners, capacity,
+                                  fill_rounds=fill_rounds,
+                                  evens_per_rank=tunables.rebalance_evens_per_rank,
+                                  neighbours=tunables.rebalance_neighbours, partners=partners)
+
+    out = rebalanced(out, ranks, fill_rounds=tunables.rebalance_fill_rounds,
+                     partners=tunables.rebalance_partners)
+    retry = tunables.rebalance_retry_above
+    if retry is None or dp_size < 2 or not out:
+        return out, ranks
+    bin_cost = _bin_totals(out, per_example)
+    slowest, mean = _slowest(bin_cost, ranks)
+    if slowest <= mean * (1.0 + retry):
+        return out, ranks  # nearly even already: no bound needed
+    used = [p for b in out for p in b]
+    best = slowest_rank_bound(np.asarray(lengths)[used], np.asarray(sizes)[used],
+                              len(out) // dp_size, dp_size, capacity, attention_constant)
+    if slowest <= best + mean * retry:
+        return out, ranks  # as close to the bound as asked: the bins, not the hand-out, limit it
+    again = assign_bins_to_ranks(bin_cost, dp_size, method=RankAssignment.KARMARKAR_KARP)
+    moved = rebalanced(out, again, fill_rounds=0, partners=dp_size)
+    if _slowest(_bin_totals(moved, per_example), again)[0] < slowest:
+        return moved, again
+    return out, ranks
