@@ -3,7 +3,9 @@
 A rank's time is the sum over its bins of the balance cost ``s + s^2 / k`` of each sequence
 (`balance.sequence_cost`: attention makes equal tokens unequal work). Across steps we report
 the step-time CV (std / mean of the slowest rank's cost: how much step times jump) and the
-imbalance mean(slowest rank) / mean(rank cost), the share of a step the other ranks wait.
+imbalance mean(slowest rank) / mean(rank cost), the share of a step the other ranks wait;
+beside it, the least imbalance any hand-out of the same bins could reach
+(`rank_bound.slowest_rank_bound`), which tells a bin count's cost from a hand-out's.
 """
 
 from __future__ import annotations
@@ -15,13 +17,11 @@ import numpy as np
 
 from megatron_packing.packing.balance import (
     DEFAULT_ATTENTION_COST_CONSTANT,
-    RankAssignment,
-    assign_bins_to_ranks,
     bin_costs,
-    sequence_cost,
 )
+from megatron_packing.packing.hand_out import hand_out
 from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES, PlannerTunables
-from megatron_packing.packing.rebalance import rebalance_examples
+from megatron_packing.packing.rank_bound import slowest_rank_bound
 
 
 def _flatten(bin_lengths: Sequence[Sequence[int]]) -> tuple[np.ndarray, list[list[int]]]:
@@ -55,24 +55,19 @@ def assign_work(bin_lengths: Sequence[Sequence[int]], dp: int, capacity: int, me
     handed out as the sampler would with ``method`` (``rebalanced`` moves examples between bins
     within ``capacity``), so that it is timed on the same footing as the sampler's plans."""
     flat, positions = _flatten(bin_lengths)
-    ranks = assign_bins_to_ranks(bin_costs(positions, flat, attention_constant), dp,
-                                 method=method)
-    if method != RankAssignment.REBALANCED:
-        return [[int(s) for s in b] for b in bin_lengths], ranks
-    moved = rebalance_examples(positions, flat, sequence_cost(flat, attention_constant), ranks,
-                               capacity, fill_rounds=tunables.rebalance_fill_rounds,
-                               evens_per_rank=tunables.rebalance_evens_per_rank,
-                               neighbours=tunables.rebalance_neighbours,
-                               partners=tunables.rebalance_partners)
+    moved, ranks = hand_out(positions, flat, flat, dp, capacity, method, tunables,
+                            attention_constant)
     return [[int(flat[p]) for p in b] for b in moved], ranks
 
 
 @dataclass(frozen=True)
 class StepTimes:
-    """The slowest rank's and the mean rank's modeled time, per step."""
+    """The slowest rank's and the mean rank's modeled time, per step, and where known the
+    least the slowest rank could cost with the step's bins (`rank_bound`)."""
 
     slowest: np.ndarray
     mean_rank: np.ndarray
+    bound: np.ndarray | None = None
 
     @property
     def cv(self) -> float:
@@ -91,13 +86,29 @@ class StepTimes:
         mean = float(self.mean_rank.mean()) if self.mean_rank.size else 0.0
         return float(self.slowest.mean() / mean) if mean > 0 else 1.0
 
+    @property
+    def imbalance_bound(self) -> float | None:
+        """mean(bound) / mean(rank): the least imbalance a hand-out of these bins could reach
+        (None where the bounds were not computed)."""
+        if self.bound is None:
+            return None
+        mean = float(self.mean_rank.mean()) if self.mean_rank.size else 0.0
+        return float(self.bound.mean() / mean) if mean > 0 else 1.0
+
 
 def step_times(steps: Sequence[tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]]],
-               attention_constant: float = DEFAULT_ATTENTION_COST_CONSTANT) -> StepTimes:
-    """`StepTimes` of a run: ``steps`` holds (bin lengths, rank bins) per step."""
-    slowest, mean = [], []
+               attention_constant: float = DEFAULT_ATTENTION_COST_CONSTANT, *,
+               capacity: int | None = None) -> StepTimes:
+    """`StepTimes` of a run: ``steps`` holds (bin lengths, rank bins) per step. With
+    ``capacity``, also each step's bound (the lengths taken as their own footprints)."""
+    slowest, mean, bound = [], [], []
     for bin_lengths, rank_bins in steps:
         times = rank_times(bin_lengths, rank_bins, attention_constant)
         slowest.append(float(times.max()))
         mean.append(float(times.mean()))
-    return StepTimes(np.asarray(slowest), np.asarray(mean))
+        if capacity is not None:
+            flat = [int(x) for b in bin_lengths for x in b]
+            bound.append(slowest_rank_bound(flat, flat, len(bin_lengths) // len(rank_bins),
+                                            len(rank_bins), capacity, attention_constant))
+    return StepTimes(np.asarray(slowest), np.asarray(mean),
+                     None if capacity is None else np.asarray(bound))

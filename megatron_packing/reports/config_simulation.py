@@ -242,6 +242,8 @@ def format_simulation(result: ConfigSimulation) -> str:
         ("modeled step-time CV (slowest rank)", lambda s: f"{s['step_time_cv']:.2%}", ""),
         ("modeled step time: mean slowest / mean rank",
          lambda s: f"{s['step_time_imbalance']:.4f}", ""),
+        ("its least with these bins (any hand-out)",
+         lambda s: f"{s['step_time_imbalance_bound']:.4f}", ""),
         ("examples truncated", lambda s: f"{s['truncated_examples']:,}", ""),
         ("plan ms median / p99", lambda s: f"{s['plan_ms_median']:.2f} / {s['plan_ms_p99']:.2f}", ""),
     ]

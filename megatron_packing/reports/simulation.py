@@ -58,6 +58,8 @@ class SimulationResult:
     deferred_examples: int = 0  # examples that moved to the next step
     step_time_cv: float = 0.0  # modeled step time (slowest rank): std / mean across steps
     step_time_imbalance: float = 1.0  # mean(slowest rank) / mean(rank), modeled
+    # the least that imbalance could be with the same bins, whatever the hand-out (`rank_bound`)
+    step_time_imbalance_bound: float | None = None
     modeled_time: float = 0.0  # the run's modeled time: the slowest rank's cost, summed over steps
     evened_steps: int = 0  # took the nominal tokens where aligning saved no bin (planner.floor)
 
@@ -81,6 +83,7 @@ class SimulationResult:
             packer_runs_mean=float(np.mean(series.packer_runs)) if series.steps else 0.0,
             deferred_examples=int(series.deferred.sum()), step_time_cv=s["step_time_cv"],
             step_time_imbalance=s["step_time_imbalance"], modeled_time=s["modeled_time"],
+            step_time_imbalance_bound=s["step_time_imbalance_bound"],
         )
 
 
@@ -142,7 +145,7 @@ def simulate_exhaustive(lengths: np.ndarray, *, batch_size: int, capacity: int, 
                                           dp_size=dp_size, v=v, steps=steps,
                                           algorithm=algorithm)
     times = step_times([assign_work(bins, dp_size, capacity, rank_assignment)
-                        for bins in run.step_bins])
+                        for bins in run.step_bins], capacity=capacity)
     return SimulationResult(
         label="exhaustive", steps=run.steps, examples=int(sum(run.sizes)), bins=run.bins,
         padding_bins=run.padding_bins, aligned_steps=run.aligned_steps,
@@ -153,6 +156,7 @@ def simulate_exhaustive(lengths: np.ndarray, *, batch_size: int, capacity: int, 
         plan_ms_p99=float(np.percentile(run.plan_ms, 99)),
         packer_runs_mean=float(np.mean(run.packer_runs)),
         step_time_cv=times.cv, step_time_imbalance=times.imbalance, modeled_time=times.total,
+        step_time_imbalance_bound=times.imbalance_bound,
     )
 
 
@@ -226,6 +230,7 @@ def format_comparison(runs: Sequence[SimulationResult], title: str,
         ("dp imbalance, balanced", lambda r: imb(r.imbalance_balanced)),
         ("modeled step-time CV", lambda r: f"{r.step_time_cv:.2%}"),
         ("modeled step-time imbalance", lambda r: f"{r.step_time_imbalance:.4f}"),
+        ("its least with these bins (any hand-out)", lambda r: imb(r.step_time_imbalance_bound)),
         ("plan ms median / p99", lambda r: f"{r.plan_ms_median:.2f} / {r.plan_ms_p99:.2f}"),
         ("packer runs / step", lambda r: f"{r.packer_runs_mean:.1f}"),
     ]

@@ -20,6 +20,7 @@ import numpy as np
 
 from megatron_packing.common.plan_types import StepPlan
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
+from megatron_packing.packing.rank_bound import slowest_rank_bound
 from megatron_packing.packing.step_time import StepTimes, rank_times
 
 from .progress import Progress
@@ -56,6 +57,7 @@ class StepSeries:
     plan_ms: np.ndarray
     slowest_rank: np.ndarray  # modeled step time: the slowest rank's summed s + s^2 / k
     mean_rank: np.ndarray  # the mean rank's
+    rank_bound: np.ndarray  # the least the slowest rank could cost with the step's bins
     hopeless_steps: int = 0
     seconds: float = 0.0
 
@@ -65,7 +67,7 @@ class StepSeries:
 
     @property
     def step_times(self) -> StepTimes:
-        return StepTimes(self.slowest_rank, self.mean_rank)
+        return StepTimes(self.slowest_rank, self.mean_rank, self.rank_bound)
 
     def summary(self) -> dict[str, Any]:
         """The run's totals: the figures the tables, the tuning grid and the JSON reports show."""
@@ -89,6 +91,7 @@ class StepSeries:
             "dp_imbalance_mean": float(self.dp_imbalance.mean()) if ran else 0.0,
             "step_time_cv": self.step_times.cv,
             "step_time_imbalance": self.step_times.imbalance,
+            "step_time_imbalance_bound": self.step_times.imbalance_bound,
             "modeled_time": self.step_times.total,
             "micro_batches_per_rank_mean": float(per_rank.mean()) if ran else 0.0,
             "micro_batches_per_rank_min": int(per_rank.min()) if ran else 0,
@@ -120,7 +123,8 @@ class StepSeries:
         }
 
 
-_FLOAT_COLUMNS = ("token_fill", "dp_imbalance", "plan_ms", "slowest_rank", "mean_rank")
+_FLOAT_COLUMNS = ("token_fill", "dp_imbalance", "plan_ms", "slowest_rank", "mean_rank",
+                  "rank_bound")
 
 
 def run_steps(sampler: DPAlignedPackingBatchSampler, steps: int, *, label: str,
@@ -133,7 +137,8 @@ def run_steps(sampler: DPAlignedPackingBatchSampler, steps: int, *, label: str,
     started = time.perf_counter()
     columns: dict[str, list[Any]] = {k: [] for k in (
         "batch_size", "tokens", "bins", "padding_bins", "token_fill", "dp_imbalance", "aligned",
-        "evened", "truncated", "deferred", "packer_runs", "plan_ms", "slowest_rank", "mean_rank")}
+        "evened", "truncated", "deferred", "packer_runs", "plan_ms", "slowest_rank", "mean_rank",
+        "rank_bound")}
     hopeless = 0
     description = (f"simulating {label} (C={sampler.bin_capacity}, "
                    f"variation={sampler.variation_fraction:g})")
@@ -159,6 +164,11 @@ def run_steps(sampler: DPAlignedPackingBatchSampler, steps: int, *, label: str,
                                    plan.rank_bins, sampler.attention_cost_constant)
                 columns["slowest_rank"].append(float(times.max()))
                 columns["mean_rank"].append(float(times.mean()))
+                taken = list(plan.example_indices)
+                columns["rank_bound"].append(slowest_rank_bound(
+                    sampler.effective_lengths[taken], sampler.padded_lengths[taken],
+                    plan.num_bins // sampler.dp_size, sampler.dp_size,
+                    sampler.packer.usable_capacity, sampler.attention_cost_constant))
                 hopeless += int(plan.hopeless)
                 if observe is not None:
                     observe(plan)
