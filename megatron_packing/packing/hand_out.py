@@ -7,9 +7,9 @@ same footing. With ``rebalanced``:
 2. where the slowest rank is still more than ``rebalance_retry_above`` x the mean rank above
    the best any hand-out of these bins could reach (`rank_bound.slowest_rank_bound`), once
    more: the moved bins handed out afresh by Karmarkar-Karp (moving examples made the bins'
-   costs more even, so whole bins now pair better), then the evening transfers again with every
-   rank as a partner (no fill: the first pass has filled). The second result is kept only where
-   its slowest rank is faster.
+   costs more even, so whole bins now pair better), then the evening transfers again with the
+   ``rebalance_retry_partners`` lightest ranks as partners (no fill: the first pass has
+   filled). The second result is kept only where its slowest rank is faster.
 
 The retry costs a second pass only on the steps the first leaves uneven and that could be
 evened (a few long sequences in bins with room); the bins, their count per rank and every
@@ -87,7 +87,8 @@ def hand_out(bins: Sequence[Sequence[int]], lengths: Sequence[int] | np.ndarray,
     if slowest <= best + mean * retry:
         return out, ranks  # as close to the bound as asked: the bins, not the hand-out, limit it
     again = assign_bins_to_ranks(bin_cost, dp_size, method=RankAssignment.KARMARKAR_KARP)
-    moved = rebalanced(out, again, fill_rounds=0, partners=dp_size)
+    moved = rebalanced(out, again, fill_rounds=0,
+                       partners=min(dp_size, tunables.rebalance_retry_partners))
     if _slowest(_bin_totals(moved, per_example), again)[0] < slowest:
         return moved, again
     return out, ranks

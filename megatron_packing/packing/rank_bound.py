@@ -5,18 +5,20 @@ sum of its examples' costs ``s + s^2 / k`` (`balance.sequence_cost`). Whatever b
 examples sit in and whichever ranks get them, the slowest rank costs at least:
 
 - the mean rank cost (the total over ``dp``), and the costliest single example;
-- for each ``q``: the ranks holding the ``q`` longest examples (``m <= q`` of them) hold their
-  attention ``A_q`` (the ``q`` largest ``s^2 / k``) and every token the other ``dp - m`` ranks
-  cannot hold, at least ``T - (dp - m) n C`` of the step's ``T`` tokens. So one of them costs
-  at least ``n C + (T - dp n C + A_q) / m``, which is at least ``n C + (T - dp n C + A_q) / q``
-  when the bracket is positive. (When it is negative, that is below the mean rank cost, which
-  is ``n C + (T - dp n C + A) / dp`` with ``A >= A_q``.)
+- for each ``q``: the ranks holding the ``q`` longest examples, ``m <= q`` of them, hold those
+  examples (``S_q`` tokens, attention ``A_q``) and every token the other ``dp - m`` ranks
+  cannot hold: at least ``need_m = T - (dp - m) n C`` of the step's ``T`` tokens. The tokens
+  beyond the ``q`` longest come at the least attention when they are the shortest examples
+  (attention per token ``s / k`` grows with ``s``); ``f(x)``, the attention of the shortest
+  examples making up ``x`` tokens (the last one in part), is therefore a floor. One of those
+  ranks costs at least ``(max(need_m, S_q) + A_q + f(need_m - S_q)) / m``, and since ``m`` is
+  not known, the least of that over ``m = 1..q`` is the bound for ``q``.
 
 The bound is what a bin count costs in balance: nearly full bins leave no rank room to shed
 tokens, so the ranks holding the longest sequences pay their attention on top of a full load,
-while a step with spare bins can give those ranks fewer tokens. A hand-out within a small
-factor of the bound has little left to gain (`hand_out` retries only above it); a planner whose
-bound is above another's is behind it by its bins, not by its hand-out.
+while a step with spare bins can give those ranks fewer tokens. A hand-out near the bound has
+little left to gain (`hand_out` retries only above it); a planner whose bound is above
+another's is behind it by its bins, not by its hand-out.
 """
 
 from __future__ import annotations
@@ -38,16 +40,28 @@ def slowest_rank_bound(lengths: Sequence[int] | np.ndarray, sizes: Sequence[int]
     each rank runs. An example larger than ``capacity`` (one in a bin of its own) widens every
     bin to its size here, so the bound stays a bound.
     """
-    s = np.asarray(lengths, dtype=np.float64)
-    if s.size == 0 or dp_size < 1:
+    ascending = np.sort(np.asarray(lengths, dtype=np.float64))
+    if ascending.size == 0 or dp_size < 1:
         return 0.0
-    footprint = np.asarray(sizes, dtype=np.float64)
-    attention = s * s / float(attention_constant)
-    total = float(s.sum()) + float(attention.sum())
-    bound = max(total / dp_size, float((s + attention).max()))
-    rank_room = bins_per_rank * max(float(capacity), float(footprint.max()))
-    # Tokens beyond what every rank can hold (<= 0 unless bins are nearly full).
-    excess = float(s.sum()) - dp_size * rank_room
-    q = np.arange(1, min(dp_size, s.size) + 1, dtype=np.float64)
-    top = np.cumsum(np.sort(attention)[::-1][: q.size])  # A_q
-    return max(bound, rank_room + float(((excess + top) / q).max()))
+    attention = ascending * ascending / float(attention_constant)
+    tokens = float(ascending.sum())
+    bound = max((tokens + float(attention.sum())) / dp_size,
+                float(ascending[-1] + attention[-1]))
+    footprint = float(np.max(np.asarray(sizes, dtype=np.float64)))
+    rank_room = bins_per_rank * max(float(capacity), footprint)
+    top = min(dp_size, ascending.size)
+    longest = np.cumsum(ascending[::-1][:top])  # S_q, q = 1..top
+    heaviest = np.cumsum(attention[::-1][:top])  # A_q
+    # The shortest examples' tokens and attention, running: f by interpolation.
+    short_tokens = np.concatenate(([0.0], np.cumsum(ascending)))
+    short_attention = np.concatenate(([0.0], np.cumsum(attention)))
+    m = np.arange(1, top + 1, dtype=np.float64)
+    need = tokens - (dp_size - m) * rank_room  # by m
+    held = np.maximum(need[None, :], longest[:, None])  # [q, m]
+    # The tokens beyond the q longest, drawn from the other examples (the shortest first):
+    # need <= T, so they never exceed what the other examples hold.
+    extra = np.maximum(need[None, :] - longest[:, None], 0.0)
+    floor = np.interp(extra, short_tokens, short_attention)
+    value = (held + heaviest[:, None] + floor) / m[None, :]
+    value[m[None, :] > np.arange(1, top + 1)[:, None]] = np.inf  # m <= q
+    return max(bound, float(value.min(axis=1).max()))

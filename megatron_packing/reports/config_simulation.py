@@ -244,6 +244,9 @@ def format_simulation(result: ConfigSimulation) -> str:
          lambda s: f"{s['step_time_imbalance']:.4f}", ""),
         ("its least with these bins (any hand-out)",
          lambda s: f"{s['step_time_imbalance_bound']:.4f}", ""),
+        ("modeled run time vs fixed B (slowest ranks summed)",
+         lambda s: f"{s['modeled_time'] / fixed['modeled_time']:.4f}" if fixed["modeled_time"]
+         else "-", ""),
         ("examples truncated", lambda s: f"{s['truncated_examples']:,}", ""),
         ("plan ms median / p99", lambda s: f"{s['plan_ms_median']:.2f} / {s['plan_ms_p99']:.2f}", ""),
     ]

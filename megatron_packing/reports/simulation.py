@@ -231,6 +231,8 @@ def format_comparison(runs: Sequence[SimulationResult], title: str,
         ("modeled step-time CV", lambda r: f"{r.step_time_cv:.2%}"),
         ("modeled step-time imbalance", lambda r: f"{r.step_time_imbalance:.4f}"),
         ("its least with these bins (any hand-out)", lambda r: imb(r.step_time_imbalance_bound)),
+        (f"modeled run time vs {base.label}", lambda r: (
+            f"{r.modeled_time / base.modeled_time:.4f}" if base.modeled_time else "-")),
         ("plan ms median / p99", lambda r: f"{r.plan_ms_median:.2f} / {r.plan_ms_p99:.2f}"),
         ("packer runs / step", lambda r: f"{r.packer_runs_mean:.1f}"),
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 
 from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, sequence_cost
@@ -94,9 +95,11 @@ def test_whole_bin_methods_move_no_example() -> None:
 
 
 def test_no_retry_where_the_bins_leave_nothing_to_gain(monkeypatch) -> None:
-    # Full bins, one long sequence (capacity 100, k 100, dp 2, 2 bins a rank): the slowest rank
-    # costs 310, 17% above the mean (265), but the bound says no hand-out goes below 300
-    # (`rank_bound`). The retry runs only where the gap to the bound exceeds its threshold.
+    # Capacity 100, k 100, dp 2, two bins a rank, lengths 5, 90, 20 and 5 in bins of their own:
+    # the rank with the 90 (171) also gets a 5 (5.25), 176.25, far above the mean rank (102.75);
+    # but the bound says no hand-out goes below 171 (`rank_bound`), and no bin may be emptied.
+    # The retry runs only where the gap to the bound, 5.25 = 5.1% of the mean, exceeds its
+    # threshold.
     from megatron_packing.packing import hand_out as module
 
     passes = []
@@ -106,10 +109,12 @@ def test_no_retry_where_the_bins_leave_nothing_to_gain(monkeypatch) -> None:
         return rebalance_examples(*args, **kwargs)
 
     monkeypatch.setattr(module, "rebalance_examples", counted)
-    lengths = np.array([100] + [10] * 30)
-    bins = [[0], list(range(1, 11)), list(range(11, 21)), list(range(21, 31))]
-    for above, runs in ((0.04, 1), (0.03, 2)):  # 310 <= 300 + 0.04 x 265; > 300 + 0.03 x 265
+    lengths = np.array([5, 90, 20, 5])
+    bins = [[0], [1], [2], [3]]
+    for above, runs in ((0.06, 1), (0.05, 2)):
         passes.clear()
-        hand_out(bins, lengths, lengths, 2, 100, "rebalanced",
-                 replace(DEFAULT_TUNABLES, rebalance_retry_above=above), 100.0)
+        out, ranks = hand_out(bins, lengths, lengths, 2, 100, "rebalanced",
+                              replace(DEFAULT_TUNABLES, rebalance_retry_above=above), 100.0)
         assert len(passes) == runs
+        assert max(sum(float(sequence_cost(lengths, 100.0)[i]) for b in r for i in out[b])
+                   for r in ranks) == pytest.approx(176.25)

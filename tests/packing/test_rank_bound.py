@@ -73,9 +73,10 @@ def test_full_bins_make_the_rank_with_the_long_sequence_pay_its_attention_on_top
     # One sequence of 100 (cost 200) and thirty of 10 (11 each): 400 tokens fill all 4 bins.
     lengths = np.array([100] + [10] * 30)
     # The mean rank costs (400 + 100 + 30) / 2 = 265; the longest example alone costs 200.
-    # But the rank holding it must hold 200 tokens: 200 + its attention 100 = 300.
-    assert slowest_rank_bound(lengths, lengths, 2, 2, 100, 100.0) == pytest.approx(300.0)
-    # Any hand-out gives that rank 10 tens (attention 10): 310, which the sampler's reaches.
+    # But the rank holding it must hold 200 tokens, its 100 and ten 10s: 200 + attention 100
+    # + 10 x 1 = 310.
+    assert slowest_rank_bound(lengths, lengths, 2, 2, 100, 100.0) == pytest.approx(310.0)
+    # The sampler's hand-out reaches it.
     bins = [[0], list(range(1, 11)), list(range(11, 21)), list(range(21, 31))]
     out, ranks = hand_out(bins, lengths, lengths, 2, 100, "rebalanced", DEFAULT_TUNABLES, 100.0)
     assert _slowest(out, lengths, ranks, 100.0) == pytest.approx(310.0)
@@ -92,14 +93,14 @@ def test_room_in_the_bins_lowers_the_bound_to_the_mean() -> None:
     assert _slowest(out, lengths, ranks, 100.0) == pytest.approx(211.0)
 
 
-def test_the_bound_counts_the_few_longest_examples_together() -> None:
+def test_the_ranks_holding_the_longest_examples_fill_up_with_the_shortest() -> None:
     # Capacity 100, k = 100, dp 3, 1 bin per rank: 90, 90 and twelve 10s (300 tokens, the
-    # three bins full). Two ranks hold a 90 each
-    # (+ one 10, to be full): q = 2 gives 100 + (0 + 81 + 81) / 2 = 181, q = 1 gives 181 too;
-    # the mean is (300 + 162 + 12) / 3 = 158.
+    # three bins full), the mean rank (300 + 162 + 12) / 3 = 158. The rank holding a 90 holds
+    # 100 tokens, so a 10 too: 100 + 81 + 1 = 182 (q = 1). If both 90s shared a rank (q = 2,
+    # m = 1) it would hold 180 tokens; on two ranks (m = 2) they hold 200: (200 + 162 + 2) / 2.
     lengths = np.array([90, 90] + [10] * 12)
-    assert slowest_rank_bound(lengths, lengths, 1, 3, 100, 100.0) == pytest.approx(181.0)
-    # The best hand-out: [90, 10], [90, 10], [ten 10s]: 181 + 1 = 182.
+    assert slowest_rank_bound(lengths, lengths, 1, 3, 100, 100.0) == pytest.approx(182.0)
+    # The best hand-out: [90, 10], [90, 10], [ten 10s]: 182.
     bins = [[0, 2], [1, 3], list(range(4, 14))]
     assert _slowest(bins, lengths, [[0], [1], [2]], 100.0) == pytest.approx(182.0)
 

@@ -61,6 +61,12 @@ def test_simulate_config_writes_the_png_and_a_json_equal_to_a_direct_sampler_run
     table = printed.out
     assert f"| bins | {document['fixed']['summary']['bins']:,} | " in table
     assert f"| padding bins | {document['fixed']['summary']['padding_bins']:,} | " in table
+    fixed_s, aligned_s = document["fixed"]["summary"], document["aligned"]["summary"]
+    assert (f"| its least with these bins (any hand-out) | "
+            f"{fixed_s['step_time_imbalance_bound']:.4f} | "
+            f"{aligned_s['step_time_imbalance_bound']:.4f} |") in table
+    assert (f"| modeled run time vs fixed B (slowest ranks summed) | 1.0000 | "
+            f"{aligned_s['modeled_time'] / fixed_s['modeled_time']:.4f} |") in table
 
 
 def test_simulate_config_takes_dp_and_steps_from_the_train_section(report_data, tmp_path, capsys):

@@ -49,3 +49,18 @@ def test_no_ceiling_leaves_out_the_offline_paths(capsys):
     assert "best_contiguous_paths" not in _json(capsys, "--no-ceiling")
     assert main([*ARGS, "--no-ceiling"]) == 0
     assert "offline" not in capsys.readouterr().out
+
+
+def test_the_table_shows_the_imbalance_bound_and_the_run_time_against_fixed_b(capsys):
+    document = _json(capsys)
+    fixed, aligned = document["fixed B"], document["aligned"]
+    assert main(ARGS) == 0
+    cells = [[cell.strip() for cell in line.strip()[1:-1].split("|")]
+             for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    rows = {row[0]: row for row in cells}
+    assert rows["measure"][1:3] == ["fixed B", "aligned"]
+    assert rows["its least with these bins (any hand-out)"][1:3] == [
+        f"{fixed['step_time_imbalance_bound']:.4f}", f"{aligned['step_time_imbalance_bound']:.4f}"]
+    assert rows["modeled run time vs fixed B"][1:3] == [
+        "1.0000", f"{aligned['modeled_time'] / fixed['modeled_time']:.4f}"]
+    assert 1.0 - 1e-9 <= aligned["step_time_imbalance_bound"] <= aligned["step_time_imbalance"]

@@ -121,8 +121,8 @@ class PlannerTunables:
     """With ``rank_assignment: rebalanced``, a step whose slowest rank is still more than this
     fraction of the mean rank above the least any hand-out of its bins could reach
     (`rank_bound.slowest_rank_bound`) is handed out again: whole bins by Karmarkar-Karp over the
-    moved bins' costs, then the evening transfers with every rank as a partner, kept where the
-    slowest rank is faster (`hand_out.hand_out`); None: one pass. Basis:
+    moved bins' costs, then the evening transfers with ``rebalance_retry_partners`` partners,
+    kept where the slowest rank is faster (`hand_out.hand_out`); None: one pass. Basis:
     ``benchmarks/bench_rank_retry.py`` (``benchmarks/results/bench_rank_retry.md``, the six
     study geometries and B 4096 / 128K / dp 64): mean slowest / mean rank of this planner at
     1024 / 64K / dp 8 1.0112 off, 1.0065 at 1.5%, 1.0081 at 3%, 1.0103 at 6%; at 512 / 32K /
@@ -130,6 +130,11 @@ class PlannerTunables:
     hand-out's added CPU time per step, mean: +0.81, +0.38, +0.21 ms at 1024 / dp 8 and +4.6,
     +1.9, +1.2 ms at 4096 / dp 64 (a retried step there costs about 20 ms). 3% keeps the plan
     median at 1024 / dp 8 near its 3 ms target; 1.5% takes most of the gain at twice the time."""
+
+    rebalance_retry_partners: int = 16
+    """The lightest ranks the slowest is evened with when a step is handed out again (at most
+    dp). Basis: ``benchmarks/bench_rank_retry.py --partners`` (``benchmarks/results/
+    bench_rank_retry_partners.md``)."""
 
     grid_cache_cells: int = 256
     """(boundary x next boundary) grids of at least this many cells are remembered across steps;
