@@ -31,7 +31,7 @@ from megatron_packing.packing.balance import (
 )
 from megatron_packing.packing.planner.tunables import PlannerTunables
 from megatron_packing.packing.rank_bound import slowest_rank_bound
-from megatron_packing.packing.rebalance import rebalance_examples
+from megatron_packing.packing.rebalance import rebalance_with_rank_costs
 
 
 def _bin_totals(bins: Sequence[Sequence[int]], per_example: np.ndarray) -> np.ndarray:
@@ -40,12 +40,6 @@ def _bin_totals(bins: Sequence[Sequence[int]], per_example: np.ndarray) -> np.nd
     ids = np.repeat(np.arange(len(bins)), counts)
     flat = np.fromiter((p for b in bins for p in b), dtype=np.int64, count=int(sum(counts)))
     return np.bincount(ids, weights=per_example[flat], minlength=len(bins))
-
-
-def _slowest(bin_cost: np.ndarray, ranks: Sequence[Sequence[int]]) -> tuple[float, float]:
-    """(the slowest rank's cost, the mean rank's)."""
-    totals = [float(bin_cost[list(ids)].sum()) for ids in ranks]
-    return max(totals), sum(totals) / len(totals)
 
 
 def hand_out(bins: Sequence[Sequence[int]], lengths: Sequence[int] | np.ndarray,
@@ -66,19 +60,19 @@ def hand_out(bins: Sequence[Sequence[int]], lengths: Sequence[int] | np.ndarray,
         return out, ranks
 
     def rebalanced(start: list[list[int]], owners: list[list[int]], *, fill_rounds: int,
-                   partners: int) -> list[list[int]]:
-        return rebalance_examples(start, sizes, per_example, owners, capacity,
-                                  fill_rounds=fill_rounds,
-                                  evens_per_rank=tunables.rebalance_evens_per_rank,
-                                  neighbours=tunables.rebalance_neighbours, partners=partners)
+                   partners: int) -> tuple[list[list[int]], list[float]]:
+        return rebalance_with_rank_costs(start, sizes, per_example, owners, capacity,
+                                         fill_rounds=fill_rounds,
+                                         evens_per_rank=tunables.rebalance_evens_per_rank,
+                                         neighbours=tunables.rebalance_neighbours,
+                                         partners=partners)
 
-    out = rebalanced(out, ranks, fill_rounds=tunables.rebalance_fill_rounds,
-                     partners=tunables.rebalance_partners)
+    out, rank_costs = rebalanced(out, ranks, fill_rounds=tunables.rebalance_fill_rounds,
+                                 partners=tunables.rebalance_partners)
     retry = tunables.rebalance_retry_above
     if retry is None or dp_size < 2 or not out:
         return out, ranks
-    bin_cost = _bin_totals(out, per_example)
-    slowest, mean = _slowest(bin_cost, ranks)
+    slowest, mean = max(rank_costs), sum(rank_costs) / len(rank_costs)
     if slowest <= mean * (1.0 + retry):
         return out, ranks  # nearly even already: no bound needed
     used = [p for b in out for p in b]
@@ -86,9 +80,10 @@ def hand_out(bins: Sequence[Sequence[int]], lengths: Sequence[int] | np.ndarray,
                               len(out) // dp_size, dp_size, capacity, attention_constant)
     if slowest <= best + mean * retry:
         return out, ranks  # as close to the bound as asked: the bins, not the hand-out, limit it
-    again = assign_bins_to_ranks(bin_cost, dp_size, method=RankAssignment.KARMARKAR_KARP)
-    moved = rebalanced(out, again, fill_rounds=0,
-                       partners=min(dp_size, tunables.rebalance_retry_partners))
-    if _slowest(_bin_totals(moved, per_example), again)[0] < slowest:
+    again = assign_bins_to_ranks(_bin_totals(out, per_example), dp_size,
+                                 method=RankAssignment.KARMARKAR_KARP)
+    moved, moved_costs = rebalanced(out, again, fill_rounds=0,
+                                    partners=min(dp_size, tunables.rebalance_retry_partners))
+    if max(moved_costs) < slowest:
         return moved, again
     return out, ranks

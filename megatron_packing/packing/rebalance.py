@@ -267,9 +267,29 @@ def rebalance_examples(
     aligned sizes, budgeted per bin by ``capacity``; ``costs`` the modeled cost of each
     example. A moved example goes to the end of its new bin; the rest keep their order.
     """
+    return rebalance_with_rank_costs(bins, sizes, costs, ranks, capacity,
+                                     fill_rounds=fill_rounds, evens_per_rank=evens_per_rank,
+                                     neighbours=neighbours, partners=partners)[0]
+
+
+def rebalance_with_rank_costs(
+    bins: Sequence[Sequence[int]],
+    sizes: Sequence[int] | np.ndarray,
+    costs: Sequence[float] | np.ndarray,
+    ranks: Sequence[Sequence[int]],
+    capacity: int,
+    *,
+    fill_rounds: int,
+    evens_per_rank: int,
+    neighbours: int,
+    partners: int,
+) -> tuple[list[list[int]], list[float]]:
+    """`rebalance_examples`, and each rank's cost after it (kept as the examples moved, so the
+    caller need not sum them again)."""
     out = [list(map(int, b)) for b in bins]
     if len(ranks) < 2 or not out:
-        return out
+        each = np.asarray(costs, dtype=np.float64)
+        return out, [float(sum(each[p] for b in rank for p in out[b])) for rank in ranks]
     step = _Step(out, np.asarray(sizes, dtype=np.int64).tolist(),
                  np.asarray(costs, dtype=np.float64).tolist(), ranks, int(capacity), neighbours)
     dp = len(step.rank_cost)
@@ -289,7 +309,7 @@ def rebalance_examples(
         heavy = by_cost[-1]
         if not any(_even(step, heavy, light) for light in by_cost[:partners]):
             break
-    return out
+    return out, list(step.rank_cost)
 
 
 def _fill(step: _Step, heavy: int, light: int, share: float) -> bool:

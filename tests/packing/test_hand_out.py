@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, sequence_cost
 from megatron_packing.packing.hand_out import hand_out
 from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES
-from megatron_packing.packing.rebalance import rebalance_examples
+from megatron_packing.packing.rebalance import rebalance_examples, rebalance_with_rank_costs
 
 from .test_rebalance import steps
 
@@ -106,9 +106,9 @@ def test_no_retry_where_the_bins_leave_nothing_to_gain(monkeypatch) -> None:
 
     def counted(*args, **kwargs):
         passes.append(1)
-        return rebalance_examples(*args, **kwargs)
+        return rebalance_with_rank_costs(*args, **kwargs)
 
-    monkeypatch.setattr(module, "rebalance_examples", counted)
+    monkeypatch.setattr(module, "rebalance_with_rank_costs", counted)
     lengths = np.array([5, 90, 20, 5])
     bins = [[0], [1], [2], [3]]
     for above, runs in ((0.06, 1), (0.05, 2)):

@@ -12,7 +12,7 @@ from megatron_packing.packing.balance import (
     bin_costs,
     sequence_cost,
 )
-from megatron_packing.packing.rebalance import rebalance_examples
+from megatron_packing.packing.rebalance import rebalance_examples, rebalance_with_rank_costs
 
 
 def _rank_costs(bins: list[list[int]], costs: np.ndarray, ranks: list[list[int]]) -> list[float]:
@@ -71,6 +71,12 @@ def test_what_a_rebalance_keeps_and_that_the_slowest_rank_never_slows(s) -> None
     assert rebalance_examples(bins, sizes, costs, ranks, capacity, fill_rounds=s["fill_rounds"],
                               evens_per_rank=s["evens"], neighbours=s["neighbours"],
                               partners=s["partners"]) == out  # deterministic
+    # The rank costs kept along the moves are the costs of the bins it returns.
+    same, kept = rebalance_with_rank_costs(bins, sizes, costs, ranks, capacity,
+                                           fill_rounds=s["fill_rounds"], evens_per_rank=s["evens"],
+                                           neighbours=s["neighbours"], partners=s["partners"])
+    assert same == out
+    assert kept == pytest.approx(_rank_costs(out, costs, ranks), rel=1e-9, abs=1e-9)
 
 
 def test_one_move_evens_two_ranks() -> None:
