@@ -20,6 +20,7 @@ unchanged.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 
 import numpy as np
 
@@ -38,7 +39,7 @@ def _bin_totals(bins: Sequence[Sequence[int]], per_example: np.ndarray) -> np.nd
     """Per bin, the sum of ``per_example`` over its positions (0 for an empty bin)."""
     counts = [len(b) for b in bins]
     ids = np.repeat(np.arange(len(bins)), counts)
-    flat = np.fromiter((p for b in bins for p in b), dtype=np.int64, count=int(sum(counts)))
+    flat = np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=int(sum(counts)))
     return np.bincount(ids, weights=per_example[flat], minlength=len(bins))
 
 

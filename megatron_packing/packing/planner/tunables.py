@@ -92,30 +92,33 @@ class PlannerTunables:
     rebalance_fill_rounds: int = 4
     """With ``rank_assignment: rebalanced``, rounds of the fill (every rank above the mean
     moves examples to the lightest). Basis: ``benchmarks/bench_rank_rebalance.py --sweep``
-    (``benchmarks/results/bench_rank_rebalance_sweep.md``): 2, 4 and 8 end alike on the
-    held-out geometries (mean slowest / mean rank 1.0119); at B 4096 / 128K / dp 64, 4 ends
-    best (1.0224 against 1.0295 at 2 and 1.0283 at 8). The constant sweep: step-time CV moves
+    (``benchmarks/results/bench_rank_rebalance_sweep.md``, with the retry): 2, 4 and 8 end
+    alike on the held-out geometries (mean slowest / mean rank 1.0098); at B 4096 / 128K /
+    dp 64, 1.0131 at 2, 1.0104 at 4 and 1.0097 at 8 (before the retry, 4 ended best: 1.0224
+    against 1.0295 and 1.0283). The constant sweep: step-time CV moves
     by under 0.01 points at 2 or 8 (bins, aligned steps and token CV never move with it: only
     which rank trains an example changes)."""
 
     rebalance_evens_per_rank: int = 1
     """With ``rank_assignment: rebalanced``, transfers (moves, swaps, exchanges) of the slowest
-    rank after the fill, per rank of the step. Basis: the same sweep: 1.0283 at 0, 1.0119 at
-    1, 1.0115 at 2 (planning a little slower); at B 4096 / dp 64, 1.3488 at 0, 1.0224 at 1
-    and at 2. The constant sweep: at 0, step-time CV +0.11 points at 128/4K/8, -0.06 at
-    256/16K/8 and -0.10 at 1024/64K/8; at 2, within 0.01."""
+    rank after the fill, per rank of the step. Basis: the same sweep: 1.0280 at 0, 1.0098 at
+    1, 1.0088 at 2 (planning up to 1.6x slower); at B 4096 / dp 64, 1.3492 at 0, 1.0104 at 1,
+    1.0101 at 2. The constant sweep: at 0, step-time CV +0.10 points at 128/4K/8, -0.06 at
+    256/16K/8 and +0.03 at 1024/64K/8; at 2, within 0.05."""
 
     rebalance_partners: int = 3
     """With ``rank_assignment: rebalanced``, the slowest rank is evened with the first of this
     many lightest ranks that can take a transfer. Basis: the rebalance sweep: mean slowest /
-    mean rank 1.0152 at 1, 1.0119 at 3, 1.0105 at 6 (at B 4096 / dp 64: 1.0871, 1.0224,
-    1.0098); more partners try more transfers that fail before the last, so planning slows
-    (at B 4096 / dp 64 about 14.8 -> 17.0-18.3 ms at 6, CPU time), past the 15 ms target."""
+    mean rank 1.0110 at 1, 1.0098 at 3, 1.0093 at 6 (at B 4096 / dp 64: 1.0112, 1.0104,
+    1.0089; before the retry 1.0871, 1.0224, 1.0098); more partners try more transfers that
+    fail before the last, so planning slows (before the retry, at B 4096 / dp 64 about 14.8 ->
+    17.0-18.3 ms at 6, CPU time)."""
 
     rebalance_neighbours: int = 2
     """With ``rank_assignment: rebalanced``, a move or a swap partner is sought among this many
     examples on each side of the ideal cost. Basis: the rebalance sweep: 1 and 4 end alike on
-    the held-out geometries (1.0119) and at B 4096 / dp 64 (1.0226 at 1, 1.0224 at 2 and 4)."""
+    the held-out geometries (1.0098, 1.0099) and at B 4096 / dp 64 (1.0108 at 1, 1.0104 at 2
+    and 4)."""
 
     rebalance_retry_above: float | None = 0.03
     """With ``rank_assignment: rebalanced``, a step whose slowest rank is still more than this
@@ -124,17 +127,23 @@ class PlannerTunables:
     moved bins' costs, then the evening transfers with ``rebalance_retry_partners`` partners,
     kept where the slowest rank is faster (`hand_out.hand_out`); None: one pass. Basis:
     ``benchmarks/bench_rank_retry.py`` (``benchmarks/results/bench_rank_retry.md``, the six
-    study geometries and B 4096 / 128K / dp 64): mean slowest / mean rank of this planner at
-    1024 / 64K / dp 8 1.0112 off, 1.0065 at 1.5%, 1.0081 at 3%, 1.0103 at 6%; at 512 / 32K /
-    dp 16 1.0261, 1.0215, 1.0229, 1.0247; at 4096 / dp 64 1.0193, 1.0044, 1.0095, 1.0121. The
-    hand-out's added CPU time per step, mean: +0.81, +0.38, +0.21 ms at 1024 / dp 8 and +4.6,
-    +1.9, +1.2 ms at 4096 / dp 64 (a retried step there costs about 20 ms). 3% keeps the plan
-    median at 1024 / dp 8 near its 3 ms target; 1.5% takes most of the gain at twice the time."""
+    study geometries and B 4096 / 128K / dp 64): mean slowest / mean rank of this planner, off /
+    at 1.5% / 3% / 6%: 1024 / 64K / dp 8 1.0112 / 1.0065 / 1.0081 / 1.0103; 512 / 32K / dp 16
+    1.0261 / 1.0217 / 1.0231 / 1.0249; 4096 / dp 64 1.0193 / 1.0058 / 1.0104 / 1.0130 (the other
+    four geometries are within 0.0001 of even or of their bound, and retry under 1% of steps).
+    The hand-out's added CPU time per step, mean: +0.78 / +0.58 / +0.20 ms at 1024 / dp 8 and
+    +4.9 / +0.9 / +0.4 ms at 4096 / dp 64. 3% takes two thirds of 1.5%'s gain at dp 8 and 16 for
+    under half its time at dp 64."""
 
     rebalance_retry_partners: int = 16
     """The lightest ranks the slowest is evened with when a step is handed out again (at most
-    dp). Basis: ``benchmarks/bench_rank_retry.py --partners`` (``benchmarks/results/
-    bench_rank_retry_partners.md``)."""
+    dp). Basis: ``benchmarks/bench_rank_retry.py --partners``
+    (``benchmarks/results/bench_rank_retry_partners.md``): mean slowest / mean rank of this
+    planner with 3 / 8 / 16 / 64 partners: 512 / 32K / dp 16 1.0259 / 1.0255 / 1.0231 / 1.0231;
+    4096 / dp 64 1.0159 / 1.0104 / 1.0104 / 1.0095, the retry adding +0.22 / +0.44 / +0.69 /
+    +2.16 ms a step there (p99 +3.1 / +7.7 / +8.5 / +22.5 ms); 1024 / dp 8 1.0110 at 3, 1.0081
+    at 8 and more. 16 is every rank up to dp 16 and a quarter of the time of every rank at dp
+    64."""
 
     grid_cache_cells: int = 256
     """(boundary x next boundary) grids of at least this many cells are remembered across steps;
