@@ -271,4 +271,11 @@ def format_simulation(result: ConfigSimulation) -> str:
     if aligned["hopeless_steps"]:
         lines += ["", f"{aligned['hopeless_steps']} steps pack into fewer bins than dp = "
                       f"{inputs.dp_size}: alignment cannot succeed there (raise B or lower dp)."]
+    if p.pad_bins_to_capacity:
+        change = (f"{(aligned['bins'] - fixed['bins']) / fixed['bins']:+.2%}" if fixed["bins"]
+                  else "no change")
+        lines += ["", "pad_bins_to_capacity is on: every row is padded to bin_capacity, so every "
+                      "bin costs a full row of linear work, which the modeled step time (rows as "
+                      "long as their tokens) does not charge; there fewer bins are faster "
+                      f"outright ({change} in bins)."]
     return "\n".join(lines)

@@ -79,6 +79,22 @@ def test_simulate_config_takes_dp_and_steps_from_the_train_section(report_data, 
     assert not (tmp_path / "o" / "simulate.png").exists()
 
 
+@pytest.mark.parametrize("padded", [True, False])
+def test_simulate_config_says_when_rows_are_padded_past_what_the_step_time_models(
+        report_data, tmp_path, capsys, padded):
+    config = write_config(tmp_path / "sft.yaml", report_data,
+                          packing={"pad_bins_to_capacity": padded})
+    assert main(["simulate", "--config", str(config), "--dp-size", "2", "--steps", "10",
+                 "--output-dir", str(tmp_path / "o"), "--no-plot"]) == 0
+    table = capsys.readouterr().out
+    bins = next(line for line in table.splitlines() if line.startswith("| bins | "))
+    change = bins.rsplit("(", 1)[1].split(")")[0] if "(" in bins else "no change"
+    note = "pad_bins_to_capacity is on: every row is padded to bin_capacity"
+    assert (note in table) == padded
+    if padded:
+        assert f"faster outright ({change} in bins)" in table
+
+
 @pytest.mark.parametrize("packing,argv,message", [
     ({}, [], "no train.dp_size in the YAML; give the data-parallel size with --dp-size N"),
     ({"bin_capacity": 64, "oversize_policy": "error"}, ["--dp-size", "2"],
