@@ -91,19 +91,19 @@ def step_inputs(lengths: np.ndarray, batch: int, capacity: int, dp: int, steps: 
 def retries(inputs: list[tuple[Any, ...]], tunables: Any) -> float:
     """The share of steps handed out twice (the rebalance passes counted, not timed)."""
     passes = []
-    real = hand_out_module.rebalance_with_rank_costs
+    real = hand_out_module.rebalance_examples
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         passes[-1] += 1
         return real(*args, **kwargs)
 
-    hand_out_module.rebalance_with_rank_costs = counted  # type: ignore[assignment]
+    hand_out_module.rebalance_examples = counted  # type: ignore[assignment]
     try:
         for *args, constant in inputs:
             passes.append(0)
             hand_out(*args, tunables, constant)
     finally:
-        hand_out_module.rebalance_with_rank_costs = real
+        hand_out_module.rebalance_examples = real
     return float(np.mean(np.asarray(passes) > 1))
 
 

@@ -20,7 +20,6 @@ unchanged.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import chain
 
 import numpy as np
 
@@ -28,19 +27,12 @@ from megatron_packing.packing.balance import (
     DEFAULT_ATTENTION_COST_CONSTANT,
     RankAssignment,
     assign_bins_to_ranks,
+    bin_costs,
     sequence_cost,
 )
 from megatron_packing.packing.planner.tunables import PlannerTunables
 from megatron_packing.packing.rank_bound import slowest_rank_bound
-from megatron_packing.packing.rebalance import rebalance_with_rank_costs
-
-
-def _bin_totals(bins: Sequence[Sequence[int]], per_example: np.ndarray) -> np.ndarray:
-    """Per bin, the sum of ``per_example`` over its positions (0 for an empty bin)."""
-    counts = [len(b) for b in bins]
-    ids = np.repeat(np.arange(len(bins)), counts)
-    flat = np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=int(sum(counts)))
-    return np.bincount(ids, weights=per_example[flat], minlength=len(bins))
+from megatron_packing.packing.rebalance import rebalance_examples
 
 
 def hand_out(bins: Sequence[Sequence[int]], lengths: Sequence[int] | np.ndarray,
@@ -54,21 +46,21 @@ def hand_out(bins: Sequence[Sequence[int]], lengths: Sequence[int] | np.ndarray,
     ``sizes`` (the packer's aligned sizes, budgeted per bin by ``capacity``). ``method`` is a
     `balance.RankAssignment`; only ``rebalanced`` moves examples.
     """
-    per_example = sequence_cost(lengths, attention_constant)
-    out = [list(map(int, b)) for b in bins]
-    ranks = assign_bins_to_ranks(_bin_totals(out, per_example), dp_size, method=method)
+    whole = [list(b) for b in bins]
+    ranks = assign_bins_to_ranks(bin_costs(whole, lengths, attention_constant), dp_size,
+                                 method=method)
     if method != RankAssignment.REBALANCED:
-        return out, ranks
+        return whole, ranks
+    per_example = sequence_cost(lengths, attention_constant)
 
     def rebalanced(start: list[list[int]], owners: list[list[int]], *, fill_rounds: int,
                    partners: int) -> tuple[list[list[int]], list[float]]:
-        return rebalance_with_rank_costs(start, sizes, per_example, owners, capacity,
-                                         fill_rounds=fill_rounds,
-                                         evens_per_rank=tunables.rebalance_evens_per_rank,
-                                         neighbours=tunables.rebalance_neighbours,
-                                         partners=partners)
+        return rebalance_examples(start, sizes, per_example, owners, capacity,
+                                  fill_rounds=fill_rounds,
+                                  evens_per_rank=tunables.rebalance_evens_per_rank,
+                                  neighbours=tunables.rebalance_neighbours, partners=partners)
 
-    out, rank_costs = rebalanced(out, ranks, fill_rounds=tunables.rebalance_fill_rounds,
+    out, rank_costs = rebalanced(whole, ranks, fill_rounds=tunables.rebalance_fill_rounds,
                                  partners=tunables.rebalance_partners)
     retry = tunables.rebalance_retry_above
     if retry is None or dp_size < 2 or not out:
@@ -81,7 +73,7 @@ def hand_out(bins: Sequence[Sequence[int]], lengths: Sequence[int] | np.ndarray,
                               len(out) // dp_size, dp_size, capacity, attention_constant)
     if slowest <= best + mean * retry:
         return out, ranks  # as close to the bound as asked: the bins, not the hand-out, limit it
-    again = assign_bins_to_ranks(_bin_totals(out, per_example), dp_size,
+    again = assign_bins_to_ranks(bin_costs(out, lengths, attention_constant), dp_size,
                                  method=RankAssignment.KARMARKAR_KARP)
     moved, moved_costs = rebalanced(out, again, fill_rounds=0,
                                     partners=min(dp_size, tunables.rebalance_retry_partners))

@@ -260,32 +260,14 @@ def rebalance_examples(
     evens_per_rank: int,
     neighbours: int,
     partners: int,
-) -> list[list[int]]:
-    """``bins`` (positions into ``sizes`` and ``costs``) with examples moved between ranks.
+) -> tuple[list[list[int]], list[float]]:
+    """``bins`` (positions into ``sizes`` and ``costs``) with examples moved between ranks, and
+    each rank's cost after the moves (kept as they were made, so a caller need not sum again).
 
     ``ranks`` gives each rank's bin ids (they stay each rank's); ``sizes`` are the packer's
     aligned sizes, budgeted per bin by ``capacity``; ``costs`` the modeled cost of each
     example. A moved example goes to the end of its new bin; the rest keep their order.
     """
-    return rebalance_with_rank_costs(bins, sizes, costs, ranks, capacity,
-                                     fill_rounds=fill_rounds, evens_per_rank=evens_per_rank,
-                                     neighbours=neighbours, partners=partners)[0]
-
-
-def rebalance_with_rank_costs(
-    bins: Sequence[Sequence[int]],
-    sizes: Sequence[int] | np.ndarray,
-    costs: Sequence[float] | np.ndarray,
-    ranks: Sequence[Sequence[int]],
-    capacity: int,
-    *,
-    fill_rounds: int,
-    evens_per_rank: int,
-    neighbours: int,
-    partners: int,
-) -> tuple[list[list[int]], list[float]]:
-    """`rebalance_examples`, and each rank's cost after it (kept as the examples moved, so the
-    caller need not sum them again)."""
     out = [list(map(int, b)) for b in bins]
     if len(ranks) < 2 or not out:
         each = np.asarray(costs, dtype=np.float64)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, sequence_cost
 from megatron_packing.packing.hand_out import hand_out
 from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES
-from megatron_packing.packing.rebalance import rebalance_examples, rebalance_with_rank_costs
+from megatron_packing.packing.rebalance import rebalance_examples
 
 from .test_rebalance import steps
 
@@ -52,7 +52,7 @@ def test_the_retry_keeps_what_a_rebalance_keeps_and_never_slows_the_slowest_rank
     assert once_ranks == kk
     assert once == rebalance_examples(bins, sizes, costs, kk, capacity,
                                       fill_rounds=s["fill_rounds"], evens_per_rank=s["evens"],
-                                      neighbours=s["neighbours"], partners=s["partners"])
+                                      neighbours=s["neighbours"], partners=s["partners"])[0]
     again = hand_out(bins, sizes, sizes, dp, capacity, "rebalanced", _tunables(s, 0.0),
                            s["constant"])
     assert again == (out, ranks)  # deterministic: every rank computes the same hand-out
@@ -106,9 +106,9 @@ def test_no_retry_where_the_bins_leave_nothing_to_gain(monkeypatch) -> None:
 
     def counted(*args, **kwargs):
         passes.append(1)
-        return rebalance_with_rank_costs(*args, **kwargs)
+        return rebalance_examples(*args, **kwargs)
 
-    monkeypatch.setattr(module, "rebalance_with_rank_costs", counted)
+    monkeypatch.setattr(module, "rebalance_examples", counted)
     lengths = np.array([5, 90, 20, 5])
     bins = [[0], [1], [2], [3]]
     for above, runs in ((0.06, 1), (0.05, 2)):
