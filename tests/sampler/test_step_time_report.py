@@ -66,3 +66,7 @@ def test_the_sampler_hands_out_again_the_steps_its_moves_left_uneven():
     assert (default.bins, default.examples, default.aligned_steps) == (
         once.bins, once.examples, once.aligned_steps)
     assert default.step_time_imbalance < once.step_time_imbalance - 0.005
+    # The retry's partners are read: with 8 of the 16 ranks it finds little there.
+    fewer = simulate(lengths, tunables=replace(DEFAULT_TUNABLES, rebalance_retry_partners=8),
+                     **common)
+    assert fewer.step_time_imbalance > default.step_time_imbalance + 0.005
