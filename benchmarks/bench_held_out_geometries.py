@@ -9,7 +9,9 @@ a 2-core machine; the nine geometries below cover every value at least once, eac
 that a step packs into at least about 1.5 bins per rank (fewer, and no planner can align).
 
 Per geometry: fixed B (bins rounded up to dp), the exhaustive search (every size of every
-window), this planner, and the offline best contiguous paths where they are cheap (2v+1 at most
+window), this planner, Megatron-LM's own ``dp_balanced`` packing over fixed B's steps (next-fit,
+single examples split off the last bins to a multiple of dp, bin k to rank k mod dp;
+`packing.dp_balanced`), and the offline best contiguous paths where they are cheap (2v+1 at most
 ``--best-path-max-window``): the most aligned steps, and apart from it the fewest bins, over
 every admissible path with the packer's natural counts rounded up to dp (a planner that packs
 to a capped count can go below it). Columns: bins, aligned share, token CV, modeled step-time CV and
@@ -81,16 +83,18 @@ def main() -> None:
         steps = STEPS[batch]
         lengths = mixed_stream({n: pools[n] for n in MIXES[mix]}, batch * steps, capacity,
                                seed=args.seed)
-        fixed, exhaustive, ours = compare(lengths, batch_size=batch, capacity=capacity,
-                                          dp_size=dp, steps=steps)
+        fixed, exhaustive, ours, reference = compare(lengths, batch_size=batch,
+                                                     capacity=capacity, dp_size=dp, steps=steps,
+                                                     dp_balanced=True)
         v = allowed_batch_variation(batch, 0.05)
         best = None
         if 2 * v + 1 <= args.best_path_max_window:
             best = offline_best_paths(lengths, batch_size=batch, capacity=capacity, dp_size=dp,
                                       steps=steps)
         name = f"{batch} / {capacity // K}K / {dp}"
-        for run in (fixed, exhaustive, ours):
-            label = "this planner" if run is ours else run.label
+        for run in (fixed, exhaustive, ours, reference):
+            label = ("this planner" if run is ours else
+                     "dp_balanced (Megatron-LM)" if run is reference else run.label)
             report.print(f"| {mix} | {name} | {label} | {run.bins:,} | {run.aligned_fraction:.1%} "
                          f"| {run.token_cv:.2%} | {run.step_time_cv:.2%} "
                          f"| {run.step_time_imbalance:.4f} "

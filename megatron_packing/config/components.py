@@ -174,6 +174,9 @@ class PlannerConfig:
     moved to the lightest ranks (`rebalanced`); whole bins only; or round robin."""
     attention_cost_constant: float = DEFAULT_ATTENTION_COST_CONSTANT
     """k in the per-sequence cost s + s^2/k used to balance ranks (about 6 x hidden size)."""
+    microbatch_cost_tokens: float = 0.0
+    """What one micro-batch costs of its own (launches, a pipeline slot), in tokens of linear
+    work: a bin costs this plus its sequences' s + s^2/k; 0 charges nothing per bin."""
 
     def __post_init__(self) -> None:
         _check(self, "batch_size", require_positive_int)
@@ -184,6 +187,7 @@ class PlannerConfig:
         _check(self, "max_deferred_examples", require_int, minimum=0)
         _check(self, "rank_assignment", require_choice, choices=RANK_ASSIGNMENTS)
         _check(self, "attention_cost_constant", require_number, minimum=0, exclusive=True)
+        _check(self, "microbatch_cost_tokens", require_number, minimum=0)
         if self.align_to_dp:
             check_batch_window(self.batch_size, self.allowed_variation, None)
         deferred = self.max_deferred_examples
@@ -372,6 +376,7 @@ YAML_KEYS: dict[str, tuple[str, str]] = {
     "seed": ("loader", "seed"),
     "rank_assignment": ("planner", "rank_assignment"),
     "attention_cost_constant": ("planner", "attention_cost_constant"),
+    "microbatch_cost_tokens": ("planner", "microbatch_cost_tokens"),
     "pad_bins_to_capacity": ("packer", "pad_bins_to_capacity"),
     "lookahead_steps": ("planner", "lookahead_steps"),
     "max_deferred_examples": ("planner", "max_deferred_examples"),

@@ -112,6 +112,11 @@ class YamlKeyAttributes:
         return self.planner.attention_cost_constant
 
     @property
+    def microbatch_cost_tokens(self) -> float:
+        """YAML key, read from ``planner.microbatch_cost_tokens``."""
+        return self.planner.microbatch_cost_tokens
+
+    @property
     def pad_bins_to_capacity(self) -> bool:
         """YAML key, read from ``packer.pad_bins_to_capacity``."""
         return self.packer.pad_bins_to_capacity

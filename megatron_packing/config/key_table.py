@@ -38,6 +38,10 @@ MEANINGS: dict[str, str] = {
                        "(`rebalanced`); whole bins only (`karmarkar_karp`, the earlier default: "
                        "runs checkpointed under it resume with it); or `round_robin`",
     "attention_cost_constant": "k in the cost, about 6 x hidden size",
+    "microbatch_cost_tokens": "what one micro-batch costs of its own, in tokens: a bin costs "
+                              "this plus `s + s^2/k` of its sequences; 0 charges nothing per "
+                              "bin (`megatron-packing calibrate` measures both constants; "
+                              "[docs/calibrate.md](docs/calibrate.md))",
     "pad_bins_to_capacity": "pad every row to exactly C (static shapes, pipeline parallel)",
     "lookahead_steps": "steps planned together when choosing a boundary (1 = greedy)",
     "max_deferred_examples": "bounded deferral: a step may leave up to d examples of its window "

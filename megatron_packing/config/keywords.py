@@ -36,6 +36,7 @@ class PackedSamplerKeywords(PackerKeywords, total=False):
     max_deferred_examples: int
     rank_assignment: str
     attention_cost_constant: float
+    microbatch_cost_tokens: float
     seed: int
     eval_mode: bool
 

@@ -25,7 +25,7 @@ PADDED_ONLY_KEYS = ("max_tokens_per_microbatch", "micro_batch_size")
 PACKED_ONLY_KEYS = (
     "bin_capacity", "packing_batch_size_allowed_variation", "packing_algorithm",
     "oversize_policy", "tp_size", "cp_size", "fp8_enabled", "fp8_recipe", "rank_assignment",
-    "attention_cost_constant", "pad_bins_to_capacity", "lookahead_steps",
+    "attention_cost_constant", "microbatch_cost_tokens", "pad_bins_to_capacity", "lookahead_steps",
     "max_deferred_examples",
 )
 """Warned about (once per file and key) when ``use_sequence_packing`` is false."""

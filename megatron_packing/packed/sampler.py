@@ -173,12 +173,13 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
             self.loss_token_counts = None
         self.rank_assignment = planner.rank_assignment
         self.attention_cost_constant = planner.attention_cost_constant
+        self.microbatch_cost_tokens = planner.microbatch_cost_tokens
         self.max_deferred_examples = config.max_deferred_examples
         self.lookahead_steps = planner.lookahead_steps
         tunables = replace(DEFAULT_TUNABLES, max_packs=planner.max_packs,
                            lookahead_steps=self.lookahead_steps)
         self.sizer = StepSizer(self.packer, self.dp_size, max_deferred=self.max_deferred_examples,
-                               tunables=tunables)
+                               tunables=tunables, microbatch_cost=self.microbatch_cost_tokens)
         self._fingerprint = self._make_fingerprint()
         self._fingerprint.update(self.order.fingerprint())
         self._init_stream()
@@ -302,8 +303,9 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
         kept, padded = self.effective_lengths[window], self.padded_lengths[window]
         step_bins, assignment = hand_out(
             decision.bins, kept, padded, self.dp_size, self.packer.usable_capacity,
-            self.rank_assignment, self.sizer.tunables, self.attention_cost_constant)
-        costs = bin_costs(step_bins, kept, self.attention_cost_constant)
+            self.rank_assignment, self.sizer.tunables, self.attention_cost_constant,
+            self.microbatch_cost_tokens)
+        costs = bin_costs(step_bins, kept, self.attention_cost_constant, self.microbatch_cost_tokens)
         taken_list = taken.tolist()
         window_list = window.tolist()
         bins = tuple(tuple([window_list[p] for p in b]) for b in step_bins)
@@ -375,6 +377,7 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
             "max_packs": self.config.planner.max_packs,
             "rank_assignment": self.rank_assignment,
             "attention_cost_constant": self.attention_cost_constant,
+            "microbatch_cost_tokens": self.microbatch_cost_tokens,
             "max_deferred_examples": self.max_deferred_examples,
         }
 

@@ -9,6 +9,13 @@ layer for hidden size ``h``); the quadratic term is attention (about ``4 h s`` F
 token per layer, i.e. ``4 h s^2`` per sequence). Their ratio makes ``k = 6 h``; the default
 ``k = 24576`` is ``6 x 4096``. Packed attention is block-diagonal, so a bin costs the sum
 over its sequences, not ``(sum of lengths)^2``: equal token counts are not equal work.
+
+A micro-batch also costs something of its own, whatever it holds: kernel launches, a pipeline
+slot, the optimizer's per-micro-batch work. ``microbatch_cost`` (the YAML key
+``microbatch_cost_tokens``, default 0) charges it in tokens of linear work, so a bin costs
+``microbatch_cost + sum(s + s^2/k)`` and a placeholder bin ``microbatch_cost``. Every rank runs
+the same number of micro-batches, so it never changes which hand-out is evener; it changes how
+uneven a step looks beside its length, and what one more micro-batch costs.
 """
 
 from __future__ import annotations
@@ -56,14 +63,19 @@ def bin_costs(
     bins: list[list[int]],
     lengths: Sequence[int] | np.ndarray,
     attention_constant: float = DEFAULT_ATTENTION_COST_CONSTANT,
+    microbatch_cost: float = 0.0,
 ) -> np.ndarray:
-    """Per bin, the sum of :func:`sequence_cost` over its positions (0 for an empty bin)."""
+    """Per bin, ``microbatch_cost`` plus the sum of :func:`sequence_cost` over its positions
+    (an empty bin costs ``microbatch_cost`` alone)."""
+    if microbatch_cost < 0:
+        raise ValueError(f"microbatch_cost must be >= 0, got {microbatch_cost!r}")
     per_seq = sequence_cost(lengths, attention_constant)
     if not bins:
         return np.zeros(0, dtype=np.float64)
     ids = np.repeat(np.arange(len(bins)), [len(b) for b in bins])
     flat = np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=len(ids))
-    return np.bincount(ids, weights=per_seq[flat], minlength=len(bins))
+    costs = np.bincount(ids, weights=per_seq[flat], minlength=len(bins))
+    return costs + float(microbatch_cost) if microbatch_cost else costs
 
 
 def _round_robin(costs: np.ndarray, dp_size: int) -> list[list[int]]:

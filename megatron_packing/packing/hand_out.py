@@ -15,6 +15,10 @@ The retry costs a second pass only on the steps the first leaves uneven and that
 evened (a few long sequences in bins with room); the bins, their count per rank and every
 bin's budget are kept as in `rebalance_examples`, so the step's alignment and padding are
 unchanged.
+
+With a per-micro-batch cost (``microbatch_cost``, `balance.bin_costs`) every bin, a placeholder
+too, costs it: every rank holds as many bins, so it shifts every rank's cost alike, and it
+enters only the retry's test, where the ranks' spread is weighed against the mean rank.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ def hand_out(bins: Sequence[Sequence[int]], lengths: Sequence[int] | np.ndarray,
              sizes: Sequence[int] | np.ndarray, dp_size: int, capacity: int, method: str,
              tunables: PlannerTunables,
              attention_constant: float = DEFAULT_ATTENTION_COST_CONSTANT,
+             microbatch_cost: float = 0.0,
              ) -> tuple[list[list[int]], list[list[int]]]:
     """(bins, each rank's bin ids) for one step.
 
@@ -47,8 +52,8 @@ def hand_out(bins: Sequence[Sequence[int]], lengths: Sequence[int] | np.ndarray,
     `balance.RankAssignment`; only ``rebalanced`` moves examples.
     """
     whole = [list(b) for b in bins]
-    ranks = assign_bins_to_ranks(bin_costs(whole, lengths, attention_constant), dp_size,
-                                 method=method)
+    ranks = assign_bins_to_ranks(bin_costs(whole, lengths, attention_constant, microbatch_cost),
+                                 dp_size, method=method)
     if method != RankAssignment.REBALANCED:
         return whole, ranks
     per_example = sequence_cost(lengths, attention_constant)
@@ -58,7 +63,8 @@ def hand_out(bins: Sequence[Sequence[int]], lengths: Sequence[int] | np.ndarray,
         return rebalance_examples(start, sizes, per_example, owners, capacity,
                                   fill_rounds=fill_rounds,
                                   evens_per_rank=tunables.rebalance_evens_per_rank,
-                                  neighbours=tunables.rebalance_neighbours, partners=partners)
+                                  neighbours=tunables.rebalance_neighbours, partners=partners,
+                                  microbatch_cost=microbatch_cost)
 
     out, rank_costs = rebalanced(whole, ranks, fill_rounds=tunables.rebalance_fill_rounds,
                                  partners=tunables.rebalance_partners)
@@ -70,11 +76,12 @@ def hand_out(bins: Sequence[Sequence[int]], lengths: Sequence[int] | np.ndarray,
         return out, ranks  # nearly even already: no bound needed
     used = [p for b in out for p in b]
     best = slowest_rank_bound(np.asarray(lengths)[used], np.asarray(sizes)[used],
-                              len(out) // dp_size, dp_size, capacity, attention_constant)
+                              len(out) // dp_size, dp_size, capacity, attention_constant,
+                              microbatch_cost=microbatch_cost)
     if slowest <= best + mean * retry:
         return out, ranks  # as close to the bound as asked: the bins, not the hand-out, limit it
-    again = assign_bins_to_ranks(bin_costs(out, lengths, attention_constant), dp_size,
-                                 method=RankAssignment.KARMARKAR_KARP)
+    again = assign_bins_to_ranks(bin_costs(out, lengths, attention_constant, microbatch_cost),
+                                 dp_size, method=RankAssignment.KARMARKAR_KARP)
     moved, moved_costs = rebalanced(out, again, fill_rounds=0,
                                     partners=min(dp_size, tunables.rebalance_retry_partners))
     if max(moved_costs) < slowest:

@@ -19,6 +19,13 @@ tokens, so the ranks holding the longest sequences pay their attention on top of
 while a step with spare bins can give those ranks fewer tokens. A hand-out near the bound has
 little left to gain (`hand_out` retries only above it); a planner whose bound is above
 another's is behind it by its bins, not by its hand-out.
+
+Every rank runs ``n`` micro-batches, so a per-micro-batch cost ``m`` (`balance.bin_costs`) adds
+``n m`` to every rank, and to the bound. Where every row is padded to a full ``row_tokens``
+(``pad_bins_to_capacity``), each bin's linear work is the whole row whatever it holds: a rank
+costs ``n (m + row)`` plus its sequences' attention, and the bound is that plus the larger of
+the mean rank's attention and the costliest example's (its row as long as the example, if
+longer).
 """
 
 from __future__ import annotations
@@ -32,18 +39,28 @@ from megatron_packing.packing.balance import DEFAULT_ATTENTION_COST_CONSTANT
 
 def slowest_rank_bound(lengths: Sequence[int] | np.ndarray, sizes: Sequence[int] | np.ndarray,
                        bins_per_rank: int, dp_size: int, capacity: int,
-                       attention_constant: float = DEFAULT_ATTENTION_COST_CONSTANT) -> float:
+                       attention_constant: float = DEFAULT_ATTENTION_COST_CONSTANT, *,
+                       microbatch_cost: float = 0.0, row_tokens: int | None = None) -> float:
     """The least modeled time the slowest of ``dp_size`` ranks can take (module docstring).
 
     ``lengths`` are the step's examples as trained (their cost), ``sizes`` their footprints in
     a bin (the packer's aligned sizes, at least the lengths), ``bins_per_rank`` the micro-batches
     each rank runs. An example larger than ``capacity`` (one in a bin of its own) widens every
-    bin to its size here, so the bound stays a bound.
+    bin to its size here, so the bound stays a bound. ``microbatch_cost`` and ``row_tokens``:
+    the module docstring's last paragraph.
     """
     ascending = np.sort(np.asarray(lengths, dtype=np.float64))
+    fixed = bins_per_rank * float(microbatch_cost)  # every rank runs bins_per_rank micro-batches
     if ascending.size == 0 or dp_size < 1:
-        return 0.0
+        return fixed
     attention = ascending * ascending / float(attention_constant)
+    if row_tokens is not None:  # every row's linear work is its full length
+        row, most = float(row_tokens), float(ascending[-1])
+        rows = bins_per_rank * row
+        # The rank holding the longest example (its row may be longer than the rest: an
+        # oversize example in a bin of its own), or the mean rank's attention on full rows.
+        holder = rows - row + max(row, most) + float(attention[-1])
+        return fixed + max(holder, rows + float(attention.sum()) / dp_size)
     tokens = float(ascending.sum())
     bound = max((tokens + float(attention.sum())) / dp_size,
                 float(ascending[-1] + attention[-1]))
@@ -64,4 +81,4 @@ def slowest_rank_bound(lengths: Sequence[int] | np.ndarray, sizes: Sequence[int]
     floor = np.interp(extra, short_tokens, short_attention)
     value = (held + heaviest[:, None] + floor) / m[None, :]
     value[m[None, :] > np.arange(1, top + 1)[:, None]] = np.inf  # m <= q
-    return max(bound, float(value.min(axis=1).max()))
+    return max(bound, float(value.min(axis=1).max())) + fixed

@@ -22,6 +22,10 @@ are unchanged), the multiset of examples, and non-empty bins non-empty (placehol
 empty, so the padding accounting holds). Bins over the budget (an oversize example in a bin of
 its own) are left alone. A transfer lowers the larger cost of its pair and touches no other
 rank, so the slowest rank's cost never rises. Deterministic.
+
+A rank's cost includes ``microbatch_cost`` per bin it holds (`balance.bin_costs`). Every
+transfer keeps each rank's bins, so that part never changes and never decides a transfer (they
+compare differences); it is in the rank costs returned, which the caller weighs against the mean.
 """
 
 from __future__ import annotations
@@ -260,6 +264,7 @@ def rebalance_examples(
     evens_per_rank: int,
     neighbours: int,
     partners: int,
+    microbatch_cost: float = 0.0,
 ) -> tuple[list[list[int]], list[float]]:
     """``bins`` (positions into ``sizes`` and ``costs``) with examples moved between ranks, and
     each rank's cost after the moves (kept as they were made, so a caller need not sum again).
@@ -267,13 +272,18 @@ def rebalance_examples(
     ``ranks`` gives each rank's bin ids (they stay each rank's); ``sizes`` are the packer's
     aligned sizes, budgeted per bin by ``capacity``; ``costs`` the modeled cost of each
     example. A moved example goes to the end of its new bin; the rest keep their order.
+    ``microbatch_cost`` is added to a rank's cost for each bin it holds.
     """
     out = [list(map(int, b)) for b in bins]
     if len(ranks) < 2 or not out:
         each = np.asarray(costs, dtype=np.float64)
-        return out, [float(sum(each[p] for b in rank for p in out[b])) for rank in ranks]
+        return out, [float(sum(each[p] for b in rank for p in out[b]))
+                     + microbatch_cost * len(rank) for rank in ranks]
     step = _Step(out, np.asarray(sizes, dtype=np.int64).tolist(),
                  np.asarray(costs, dtype=np.float64).tolist(), ranks, int(capacity), neighbours)
+    if microbatch_cost:
+        step.rank_cost = [c + microbatch_cost * len(ids)
+                          for c, ids in zip(step.rank_cost, step.rank_bins, strict=True)]
     dp = len(step.rank_cost)
     for _ in range(fill_rounds):
         mean = sum(step.rank_cost) / dp

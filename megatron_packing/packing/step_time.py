@@ -6,6 +6,10 @@ the step-time CV (std / mean of the slowest rank's cost: how much step times jum
 imbalance mean(slowest rank) / mean(rank cost), the share of a step the other ranks wait;
 beside it, the least imbalance any hand-out of the same bins could reach
 (`rank_bound.slowest_rank_bound`), which tells a bin count's cost from a hand-out's.
+
+A bin also costs ``microbatch_cost`` of its own (a placeholder bin that alone; `balance`), and
+with ``row_tokens`` (rows padded to the capacity: ``pad_bins_to_capacity``) its linear work is
+the whole row, ``max(row_tokens, its tokens)``, not its tokens: the model then charges rows.
 """
 
 from __future__ import annotations
@@ -34,29 +38,39 @@ def _flatten(bin_lengths: Sequence[Sequence[int]]) -> tuple[np.ndarray, list[lis
     return flat, positions
 
 
-def _bin_costs(bin_lengths: Sequence[Sequence[int]], attention_constant: float) -> np.ndarray:
+def modeled_bin_costs(bin_lengths: Sequence[Sequence[int]],
+                      attention_constant: float = DEFAULT_ATTENTION_COST_CONSTANT, *,
+                      microbatch_cost: float = 0.0, row_tokens: int | None = None) -> np.ndarray:
+    """Each bin's modeled cost (``bin_lengths``: the sequence lengths in each bin): its
+    micro-batch cost, then its tokens or, with ``row_tokens``, its whole row, then attention."""
     flat, positions = _flatten(bin_lengths)
-    return bin_costs(positions, flat, attention_constant)
+    costs = bin_costs(positions, flat, attention_constant, microbatch_cost)
+    if row_tokens is not None and costs.size:
+        tokens = np.array([float(sum(b)) for b in bin_lengths])
+        costs = costs - tokens + np.maximum(float(row_tokens), tokens)
+    return costs
 
 
 def rank_times(bin_lengths: Sequence[Sequence[int]], rank_bins: Sequence[Sequence[int]],
-               attention_constant: float = DEFAULT_ATTENTION_COST_CONSTANT) -> np.ndarray:
+               attention_constant: float = DEFAULT_ATTENTION_COST_CONSTANT, *,
+               microbatch_cost: float = 0.0, row_tokens: int | None = None) -> np.ndarray:
     """Each rank's modeled time: its bins' costs summed (``bin_lengths``: the sequence lengths
-    in each bin; ``rank_bins``: each rank's bin ids)."""
-    costs = _bin_costs(bin_lengths, attention_constant)
+    in each bin; ``rank_bins``: each rank's bin ids; `modeled_bin_costs`)."""
+    costs = modeled_bin_costs(bin_lengths, attention_constant, microbatch_cost=microbatch_cost,
+                              row_tokens=row_tokens)
     return np.array([float(costs[list(ids)].sum()) for ids in rank_bins])
 
 
 def assign_work(bin_lengths: Sequence[Sequence[int]], dp: int, capacity: int, method: str,
                 attention_constant: float = DEFAULT_ATTENTION_COST_CONSTANT,
-                tunables: PlannerTunables = DEFAULT_TUNABLES,
+                tunables: PlannerTunables = DEFAULT_TUNABLES, *, microbatch_cost: float = 0.0,
                 ) -> tuple[list[list[int]], list[list[int]]]:
     """(bin lengths, rank bins) of a plan without ranks (such as the exhaustive reference's),
     handed out as the sampler would with ``method`` (``rebalanced`` moves examples between bins
     within ``capacity``), so that it is timed on the same footing as the sampler's plans."""
     flat, positions = _flatten(bin_lengths)
     moved, ranks = hand_out(positions, flat, flat, dp, capacity, method, tunables,
-                            attention_constant)
+                            attention_constant, microbatch_cost)
     return [[int(flat[p]) for p in b] for b in moved], ranks
 
 
@@ -98,17 +112,22 @@ class StepTimes:
 
 def step_times(steps: Sequence[tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]]],
                attention_constant: float = DEFAULT_ATTENTION_COST_CONSTANT, *,
-               capacity: int | None = None) -> StepTimes:
+               capacity: int | None = None, microbatch_cost: float = 0.0,
+               row_tokens: int | None = None) -> StepTimes:
     """`StepTimes` of a run: ``steps`` holds (bin lengths, rank bins) per step. With
-    ``capacity``, also each step's bound (the lengths taken as their own footprints)."""
+    ``capacity``, also each step's bound (the lengths taken as their own footprints).
+    ``microbatch_cost`` and ``row_tokens``: `modeled_bin_costs`."""
     slowest, mean, bound = [], [], []
     for bin_lengths, rank_bins in steps:
-        times = rank_times(bin_lengths, rank_bins, attention_constant)
+        times = rank_times(bin_lengths, rank_bins, attention_constant,
+                           microbatch_cost=microbatch_cost, row_tokens=row_tokens)
         slowest.append(float(times.max()))
         mean.append(float(times.mean()))
         if capacity is not None:
             flat = [int(x) for b in bin_lengths for x in b]
             bound.append(slowest_rank_bound(flat, flat, len(bin_lengths) // len(rank_bins),
-                                            len(rank_bins), capacity, attention_constant))
+                                            len(rank_bins), capacity, attention_constant,
+                                            microbatch_cost=microbatch_cost,
+                                            row_tokens=row_tokens))
     return StepTimes(np.asarray(slowest), np.asarray(mean),
                      None if capacity is None else np.asarray(bound))

@@ -5,9 +5,14 @@
   (`pools`: the shipped pools and the streams drawn from them);
 - `config_simulation`: a training YAML's data (through the cached length index) and packing
   section, simulated step by step with fixed batches and with DP alignment;
+- `dp_balanced_runs`: Megatron-LM's own ``dp_balanced`` packing over fixed B's steps, as a
+  `StepSeries`, beside the others in both forms of ``simulate``;
 - `tuning`: the capacity x variation grid and the rule that recommends a point (pure);
 - `plots`: the PNG figures (matplotlib, imported lazily);
-- `arguments`: the options of ``simulate`` and ``tune`` on the command line's one parser tree;
+- `arguments`: the options of ``simulate``, ``tune`` and ``calibrate`` on the command line's one
+  parser tree;
+- `calibration`: ``megatron-packing calibrate`` (`timing_harness`: one layer timed on a GPU;
+  `timings_file`: the JSON-lines timings; `packing_keys`: ``--write`` into the YAML);
 - `commands`: the ``megatron-packing simulate`` / ``tune`` / ``inspect --with-data`` bodies;
 - `progress`: tqdm bars that stay quiet off a terminal.
 """

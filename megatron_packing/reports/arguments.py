@@ -1,4 +1,5 @@
-"""The options of ``megatron-packing simulate`` and ``tune``, declared on the command's one tree.
+"""The options of ``megatron-packing simulate``, ``tune`` and ``calibrate``, declared on the
+command's one tree.
 
 `megatron_packing.cli.build_parser` makes the subparsers; `add_simulate_arguments` and
 `add_tune_arguments` declare their options, typed by one set of argument types (`integer`,
@@ -52,12 +53,24 @@ def fraction(name: str) -> Callable[[str], float]:
     return parse
 
 
+def non_negative(name: str) -> Callable[[str], float]:
+    """An argparse type: a finite number >= 0, the error naming the option."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number >= 0, got {text!r}") from None
+        return require_number(name, value, minimum=0, error=argparse.ArgumentTypeError)
+    return parse
+
+
 # The pool form's own options: (flag, default). Declared with default None (flags: False) so that
 # a flag given with --config is seen and refused; the defaults are filled in afterwards.
 POOL_OPTIONS: tuple[tuple[str, object], ...] = (
     ("--pool", MIXED), ("--pool-dir", None), ("--batch-size", 128), ("--capacity", 4096),
     ("--variation", 0.05), ("--algorithm", PackingAlgorithm.MFFD.value), ("--max-deferred", 0),
-    ("--seed", 0), ("--no-exhaustive", False), ("--no-ceiling", False))
+    ("--seed", 0), ("--no-exhaustive", False), ("--no-ceiling", False),
+    ("--microbatch-cost-tokens", 0.0))
 # Options both forms take, with the pool form's defaults (with --config: the YAML's train section).
 SHARED_POOL_DEFAULTS: tuple[tuple[str, int], ...] = (("--dp-size", 8), ("--steps", 200))
 CONFIG_OPTIONS = ("--output-dir", "--no-plot", "--quiet")  # the --config form's report options
@@ -102,8 +115,9 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
 
     pools = parser.add_argument_group(
         "on the shipped length pools (without --config)",
-        "fixed B, the exhaustive reference, the planner (and with bounded deferral) and the "
-        "offline best contiguous path on one example stream")
+        "fixed B, the exhaustive reference, the planner (and with bounded deferral), "
+        "Megatron-LM's own dp_balanced packing and the offline best contiguous path on one "
+        "example stream")
     pools.add_argument("--pool", metavar="NAME",
                        help=f"pool name (file stem) or {MIXED!r} (sources drawn uniformly; "
                             f"default: {MIXED})")
@@ -128,6 +142,10 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     pools.add_argument("--no-ceiling", action="store_true",
                        help="skip the offline best contiguous paths, most aligned steps and fewest "
                        "bins (about (2v+1)^2 packs per step)")
+    pools.add_argument("--microbatch-cost-tokens", metavar="TOKENS",
+                       type=non_negative("--microbatch-cost-tokens"),
+                       help="what one micro-batch costs of its own, in tokens (the YAML key of "
+                            "that name; default: 0), for planning and for the modeled times")
 
 
 def resolve_simulate_form(args: argparse.Namespace) -> None:
@@ -167,3 +185,36 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variations", metavar="FRACTION", type=fraction("--variations"),
                         nargs="+", help="variations to try (default: "
                                         f"{' '.join(map(str, DEFAULT_VARIATIONS))})")
+
+
+def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
+    """``calibrate``: time one layer on a GPU (or fit saved timings) for the two cost keys."""
+    parser.add_argument("--config", metavar="YAML",
+                        help="training YAML: the layer's shape from its model: section, the "
+                             "capacity from packing.bin_capacity; --write sets the keys in it")
+    shape = parser.add_argument_group("the layer (each overrides the YAML's model: key)")
+    shape.add_argument("--hidden-size", metavar="H", type=integer("--hidden-size"))
+    shape.add_argument("--num-attention-heads", metavar="N", type=integer("--num-attention-heads"))
+    shape.add_argument("--ffn-hidden-size", metavar="F", type=integer("--ffn-hidden-size"),
+                       help="MLP hidden size (default: the YAML's, else 4 x hidden)")
+    shape.add_argument("--dtype", choices=("bf16", "fp16", "fp32"),
+                       help="dtype of the timed layer (default: the YAML's model.dtype, else bf16)")
+    shape.add_argument("--capacity", metavar="C", type=integer("--capacity", 64),
+                       help="bin capacity in tokens (default: the YAML's packing.bin_capacity)")
+    timing = parser.add_argument_group("timing")
+    timing.add_argument("--repeats", metavar="N", type=integer("--repeats"), default=5,
+                        help="timed runs per composition, after 2 untimed (median; default 5)")
+    timing.add_argument("--time-limit-s", metavar="S", type=non_negative("--time-limit-s"),
+                        help="stop timing after S seconds and fit what was timed, if enough")
+    timing.add_argument("--device", choices=("cuda", "cpu"),
+                        help="cuda (default). cpu only tests the harness: CPU timings do not "
+                             "predict a GPU")
+    out = parser.add_argument_group("output")
+    out.add_argument("--from-timings", metavar="FILE",
+                     help="fit a saved timings file (JSON lines {\"lengths\": [...], \"ms\": "
+                          "...}) instead of timing: no GPU needed")
+    out.add_argument("--output-dir", metavar="DIR",
+                     help="write timings.jsonl and the printed report (calibration.md) here")
+    out.add_argument("--write", action="store_true",
+                     help="set attention_cost_constant and microbatch_cost_tokens in the "
+                          "--config file's packing: section (the rest of the file is kept)")

@@ -109,7 +109,8 @@ def _simulate_on_pools(args: argparse.Namespace) -> int:
                                   dp_size=args.dp_size, steps=args.steps,
                                   variation=args.variation, algorithm=args.algorithm)
     runs = compare(lengths, exhaustive=not args.no_exhaustive,
-                   max_deferred_examples=args.max_deferred, **common)
+                   max_deferred_examples=args.max_deferred, dp_balanced=True,
+                   microbatch_cost_tokens=args.microbatch_cost_tokens, **common)
     best = None if args.no_ceiling else offline_best_paths(lengths, **common)
     if args.json:
         document: dict[str, Any] = {r.label: asdict(r) for r in runs}
@@ -118,7 +119,9 @@ def _simulate_on_pools(args: argparse.Namespace) -> int:
         print(json.dumps(document, indent=2))
     else:
         title = (f"{args.pool} pool, B={args.batch_size}, capacity={args.capacity}, "
-                 f"dp={args.dp_size}, variation={args.variation}, {args.steps} steps")
+                 f"dp={args.dp_size}, variation={args.variation}, {args.steps} steps"
+                 + (f", microbatch_cost_tokens={args.microbatch_cost_tokens:g}"
+                    if args.microbatch_cost_tokens else ""))
         print(format_comparison(runs, title, best))
     return 0
 
@@ -187,6 +190,11 @@ def tune_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _per_1000(summary: dict[str, Any]) -> float:
+    """A run's modeled time per 1,000 examples (tokens of work)."""
+    return summary["modeled_time"] / summary["examples"] * 1000 if summary["examples"] else 0.0
+
+
 def run_tuning(inputs: ConfigInputs, dataset: DatasetLengths, *,
                capacities: Sequence[int] | None = None, variations: Sequence[float] | None = None,
                steps: int | None = None, progress: bool = False) -> dict[str, Any]:
@@ -212,7 +220,8 @@ def run_tuning(inputs: ConfigInputs, dataset: DatasetLengths, *,
                 fixed[str(capacity)] = {
                     "token_fill": s["token_fill"], "aligned_fraction": s["aligned_fraction"],
                     "token_cv": s["token_cv"], "micro_batches_per_rank": s["micro_batches_per_rank_mean"],
-                    "padding_bins": s["padding_bins"], "truncated_examples": s["truncated_examples"]}
+                    "padding_bins": s["padding_bins"], "truncated_examples": s["truncated_examples"],
+                    "modeled_per_1000": _per_1000(s)}
             except ConfigError as exc:
                 fixed[str(capacity)] = {"problem": str(exc)}
             bar.update()
@@ -231,7 +240,7 @@ def run_tuning(inputs: ConfigInputs, dataset: DatasetLengths, *,
                                    truncated_examples=s["truncated_examples"],
                                    batch_size_min=s["batch_size_min"],
                                    batch_size_max=s["batch_size_max"],
-                                   examples=s["examples"])
+                                   examples=s["examples"], modeled_per_1000=_per_1000(s))
                 except ConfigError as exc:
                     problem = str(exc)
                 bar.update()
@@ -269,31 +278,34 @@ def format_tuning(report: dict[str, Any]) -> str:
         f"{str(cur['align_packing_bins_to_dp']).lower()})",
         "",
         "| C | variation (v) | fill | aligned steps | token CV | micro-batches / rank "
-        "| padding bins | batch size | truncated |",
-        "|---:|---|---:|---:|---:|---:|---:|---|---:|",
+        "| modeled time / 1,000 examples (K) | padding bins | batch size | truncated |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     chosen = report["recommended"]
     for capacity, fixed in sorted(report["fixed"].items(), key=lambda kv: int(kv[0])):
         if "problem" in fixed:
-            lines.append(f"| {int(capacity):,} | fixed B | - | - | - | - | - | - | {fixed['problem']} |")
+            lines.append(f"| {int(capacity):,} | fixed B | - | - | - | - | - | - | - "
+                         f"| {fixed['problem']} |")
         else:
             lines.append(
                 f"| {int(capacity):,} | fixed B | {fixed['token_fill']:.2%} "
                 f"| {fixed['aligned_fraction']:.1%} | {fixed['token_cv']:.2%} "
-                f"| {fixed['micro_batches_per_rank']:.2f} | {fixed['padding_bins']:,} "
+                f"| {fixed['micro_batches_per_rank']:.2f} "
+                f"| {fixed.get('modeled_per_1000', 0.0) / 1e3:,.1f} | {fixed['padding_bins']:,} "
                 f"| {report['global_batch_size']} | {fixed['truncated_examples']:,} |")
         for pt in (q for q in report["points"] if q["bin_capacity"] == int(capacity)):
             star = " **<- recommended**" if chosen and pt == chosen else ""
             if pt["problem"]:
                 lines.append(f"| {pt['bin_capacity']:,} | {pt['variation']:g} ({pt['v']}) | - | - "
-                             f"| - | - | - | - | not run: {pt['problem']} |")
+                             f"| - | - | - | - | - | not run: {pt['problem']} |")
                 continue
             mark = " (most truncated: not ranked)" if truncates_most(
                 pt["truncated_examples"], pt.get("examples", 0)) else ""
             lines.append(
                 f"| {pt['bin_capacity']:,} | {pt['variation']:g} ({pt['v']}){star} "
                 f"| {pt['token_fill']:.2%} | {pt['aligned_fraction']:.1%} | {pt['token_cv']:.2%} "
-                f"| {pt['micro_batches_per_rank']:.2f} | {pt['padding_bins']:,} "
+                f"| {pt['micro_batches_per_rank']:.2f} "
+                f"| {pt.get('modeled_per_1000', 0.0) / 1e3:,.1f} | {pt['padding_bins']:,} "
                 f"| {pt['batch_size_min']}-{pt['batch_size_max']} | "
                 f"{pt['truncated_examples']:,}{mark} |")
     lines.append("")

@@ -7,7 +7,10 @@ algorithm, alignment rules, rank assignment and lookahead. Two runs see the same
 "fixed B" (every step B examples, the bin count rounded up to dp with padding bins) and
 "aligned" (the batch size varies within +-v so the bin count divides by dp). Each run goes through
 the shared step engine (`steps.run_steps`), so the report shows per-step bins, padding bins,
-fill, batch size and imbalance, and the same totals as the length-pool simulation.
+fill, batch size and imbalance, and the same totals as the length-pool simulation. Beside them,
+Megatron-LM's own ``dp_balanced`` packing over fixed B's steps (`dp_balanced_runs`), timed by
+the same model: the YAML's ``attention_cost_constant`` and ``microbatch_cost_tokens``, and with
+``pad_bins_to_capacity`` a full row per bin.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from megatron_packing.common.plan_types import StepPlan
 from megatron_packing.common.validation import check_batch_window
 from megatron_packing.config import (
     ConfigError,
@@ -31,7 +35,8 @@ from megatron_packing.config.training import DataConfig, training_config_from_di
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 from megatron_packing.stream.base_order import make_base_order
 
-from .steps import StepSeries, run_steps
+from .dp_balanced_runs import dp_balanced_series
+from .steps import StepObserver, StepSeries, run_steps
 
 _TRAINER_SECTIONS = ("model", "train", "logging")
 
@@ -152,6 +157,8 @@ def make_sampler(lengths: np.ndarray, packing: PackingConfig, dp_size: int, step
         oversize_policy=packing.oversize_policy,
         rank_assignment=packing.rank_assignment,
         attention_cost_constant=packing.attention_cost_constant,
+        microbatch_cost_tokens=packing.microbatch_cost_tokens,
+        pad_bins_to_capacity=packing.pad_bins_to_capacity,
         align_to_dp=align,
         lookahead_steps=packing.lookahead_steps,
         max_deferred_examples=packing.max_deferred_examples if align else 0,
@@ -161,8 +168,10 @@ def make_sampler(lengths: np.ndarray, packing: PackingConfig, dp_size: int, step
 
 def simulate_steps(lengths: np.ndarray, packing: PackingConfig, dp_size: int, steps: int, *,
                    align: bool, bin_capacity: int | None = None, variation: float | None = None,
-                   label: str | None = None, progress: bool = False) -> StepSeries:
-    """Plan ``steps`` steps as training would and record each step's plan."""
+                   label: str | None = None, progress: bool = False,
+                   observe: StepObserver | None = None) -> StepSeries:
+    """Plan ``steps`` steps as training would and record each step's plan (``observe`` sees
+    each plan too)."""
     capacity = packing.bin_capacity if bin_capacity is None else bin_capacity
     variation = packing.packing_batch_size_allowed_variation if variation is None else variation
     if align:
@@ -173,7 +182,21 @@ def simulate_steps(lengths: np.ndarray, packing: PackingConfig, dp_size: int, st
     except ValueError as exc:  # e.g. oversize_policy: error with examples longer than C
         raise ConfigError(f"cannot plan with bin_capacity={capacity}: {exc}") from None
     return run_steps(sampler, steps, label=label or ("aligned" if align else "fixed B"),
-                     progress=progress)
+                     progress=progress, observe=observe)
+
+
+def dp_balanced_steps(lengths: np.ndarray, packing: PackingConfig, dp_size: int,
+                      order: list[tuple[int, ...]]) -> StepSeries:
+    """Megatron-LM's ``dp_balanced`` over ``order`` (fixed B's steps: each step's examples in
+    arrival order), with the truncation, alignment footprints and cost keys training uses."""
+    sampler = make_sampler(lengths, packing, dp_size, max(len(order), 1), align=False)
+    return dp_balanced_series(
+        order, sampler.effective_lengths, sampler.padded_lengths, np.asarray(lengths),
+        capacity=sampler.bin_capacity, usable_capacity=sampler.packer.usable_capacity,
+        dp=dp_size, attention_constant=packing.attention_cost_constant,
+        microbatch_cost=packing.microbatch_cost_tokens,
+        row_tokens=packing.bin_capacity if packing.pad_bins_to_capacity else None,
+        variation=packing.packing_batch_size_allowed_variation)
 
 
 @dataclass
@@ -184,6 +207,7 @@ class ConfigSimulation:
     dataset: DatasetLengths
     fixed: StepSeries
     aligned: StepSeries
+    dp_balanced: StepSeries  # Megatron-LM's own packing over fixed B's steps
 
     def to_json(self) -> dict[str, Any]:
         p = self.inputs.packing
@@ -204,24 +228,33 @@ class ConfigSimulation:
             },
             "fixed": self.fixed.to_json(),
             "aligned": self.aligned.to_json(),
+            "dp_balanced": self.dp_balanced.to_json(),
         }
 
 
 def simulate_config(inputs: ConfigInputs, dataset: DatasetLengths, *,
                     progress: bool = False) -> ConfigSimulation:
-    """Fixed B and aligned runs of the config over its dataset, same order, same step count."""
+    """Fixed B and aligned runs of the config over its dataset, same order, same step count, and
+    ``dp_balanced`` over fixed B's steps."""
     steps = steps_for(dataset.lengths, inputs.packing, inputs.steps)
     common: dict[str, Any] = dict(packing=inputs.packing, dp_size=inputs.dp_size, steps=steps, progress=progress)
-    fixed = simulate_steps(dataset.lengths, align=False, **common)
+    order: list[tuple[int, ...]] = []
+
+    def record(plan: StepPlan) -> None:
+        order.append(plan.example_indices)
+
+    fixed = simulate_steps(dataset.lengths, align=False, observe=record, **common)
     aligned = simulate_steps(dataset.lengths, align=True, **common)
-    return ConfigSimulation(inputs, dataset, fixed, aligned)
+    reference = dp_balanced_steps(dataset.lengths, inputs.packing, inputs.dp_size, order)
+    return ConfigSimulation(inputs, dataset, fixed, aligned, reference)
 
 
 def format_simulation(result: ConfigSimulation) -> str:
-    """A markdown table: one row per measure, fixed B and aligned side by side."""
+    """A markdown table: one row per measure, fixed B, aligned and ``dp_balanced`` side by side."""
     inputs, p = result.inputs, result.inputs.packing
     lengths = result.dataset.lengths
     fixed, aligned = result.fixed.summary(), result.aligned.summary()
+    reference = result.dp_balanced.summary()
 
     def saved(key: str) -> str:
         base = fixed[key]
@@ -247,6 +280,8 @@ def format_simulation(result: ConfigSimulation) -> str:
         ("modeled run time vs fixed B (slowest ranks summed)",
          lambda s: f"{s['modeled_time'] / fixed['modeled_time']:.4f}" if fixed["modeled_time"]
          else "-", ""),
+        ("modeled time per 1,000 examples (K tokens of work)",
+         lambda s: f"{s['modeled_time'] / s['examples']:,.1f}" if s["examples"] else "-", ""),
         ("examples truncated", lambda s: f"{s['truncated_examples']:,}", ""),
         ("plan ms median / p99", lambda s: f"{s['plan_ms_median']:.2f} / {s['plan_ms_p99']:.2f}", ""),
     ]
@@ -261,21 +296,27 @@ def format_simulation(result: ConfigSimulation) -> str:
         f"(v = {p.v}), {p.packing_algorithm}, {p.base_order} order, "
         f"{result.fixed.steps} steps; lengths p50 {np.percentile(lengths, 50):.0f}, "
         f"p99 {np.percentile(lengths, 99):.0f}, max {lengths.max()}, "
-        f"{int((lengths > p.bin_capacity).sum()):,} longer than the capacity",
+        f"{int((lengths > p.bin_capacity).sum()):,} longer than the capacity; modeled time: "
+        f"s + s^2/{p.attention_cost_constant:g} per sequence, {p.microbatch_cost_tokens:g} "
+        f"per micro-batch{inputs.default_note('microbatch_cost_tokens')}"
+        + (", every bin a full row (pad_bins_to_capacity)" if p.pad_bins_to_capacity else ""),
         "",
-        "| measure | fixed B | aligned |",
-        "|---|---|---|",
+        "| measure | fixed B | aligned | dp_balanced (Megatron-LM) |",
+        "|---|---|---|---|",
     ]
     for name, cell, extra in rows:
-        lines.append(f"| {name} | {cell(fixed)} | {cell(aligned)}{extra} |")
+        lines.append(f"| {name} | {cell(fixed)} | {cell(aligned)}{extra} | {cell(reference)} |")
     if aligned["hopeless_steps"]:
         lines += ["", f"{aligned['hopeless_steps']} steps pack into fewer bins than dp = "
                       f"{inputs.dp_size}: alignment cannot succeed there (raise B or lower dp)."]
     if p.pad_bins_to_capacity:
         change = (f"{(aligned['bins'] - fixed['bins']) / fixed['bins']:+.2%}" if fixed["bins"]
                   else "no change")
-        lines += ["", "pad_bins_to_capacity is on: every row is padded to bin_capacity, so every "
-                      "bin costs a full row of linear work, which the modeled step time (rows as "
-                      "long as their tokens) does not charge; there fewer bins are faster "
-                      f"outright ({change} in bins)."]
+        lines += ["", "pad_bins_to_capacity is on: every row is padded to bin_capacity, so the "
+                      "modeled step time charges every bin a full row of linear work (a "
+                      "placeholder too); fewer bins are faster outright "
+                      f"({change} in bins)."]
+    lines += ["", "dp_balanced: Megatron-LM's own packing (--sequence-packing-scheduler "
+                  "dp_balanced) over fixed B's steps: next-fit, single examples split off the "
+                  "last bins to a multiple of dp, bin k to rank k mod dp (docs/simulate.md)."]
     return "\n".join(lines)

@@ -4,10 +4,13 @@ Every run sees the same example stream. Fixed batches and the DP-aligned runs pl
 `DPAlignedPackingBatchSampler`, so the figures are what training would get: bins, token fill,
 batch-size range, per-step token variation, aligned steps, rank imbalance, planning time and
 packer runs. Beside them: the exhaustive reference planner (every size of every window packed)
-and the offline best contiguous path (`megatron_packing.packing.reference`). The planner runs go
-through the shared step engine (`steps.run_steps`); the streams come from `pools`. This is the
-``megatron-packing simulate`` command's table (its body: `commands.simulate_pools`) and the
-benchmarks' measured tables.
+and the offline best contiguous path (`megatron_packing.packing.reference`), and Megatron-LM's
+own ``dp_balanced`` packing (`megatron_packing.packing.dp_balanced`, over fixed B's steps). The
+planner runs go through the shared step engine (`steps.run_steps`); the streams come from
+`pools`. Every run is timed by one cost model: ``s + s^2/k`` per sequence, plus
+``microbatch_cost_tokens`` per bin, and with ``pad_bins_to_capacity`` every bin a full row. This
+is the ``megatron-packing simulate`` command's table (its body: `commands.simulate_pools`) and
+the benchmarks' measured tables.
 """
 
 from __future__ import annotations
@@ -23,7 +26,12 @@ from megatron_packing.common.plan_types import StepPlan
 from megatron_packing.common.validation import allowed_batch_variation
 from megatron_packing.config.components import PlannerConfig
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
-from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, imbalance
+from megatron_packing.packing.balance import (
+    DEFAULT_ATTENTION_COST_CONSTANT,
+    assign_bins_to_ranks,
+    bin_costs,
+    imbalance,
+)
 from megatron_packing.packing.planner.sizer import StepSizer
 from megatron_packing.packing.planner.tunables import PlannerTunables
 from megatron_packing.packing.reference import (
@@ -33,6 +41,7 @@ from megatron_packing.packing.reference import (
 )
 from megatron_packing.packing.step_time import assign_work, step_times
 
+from .dp_balanced_runs import dp_balanced_series
 from .steps import StepSeries, cv, run_steps
 
 
@@ -103,21 +112,28 @@ def simulate(
     label: str | None = None,
     tunables: PlannerTunables | None = None,
     rank_assignment: str = PlannerConfig.rank_assignment,
+    attention_cost_constant: float = DEFAULT_ATTENTION_COST_CONSTANT,
+    microbatch_cost_tokens: float = 0.0,
+    pad_bins_to_capacity: bool = False,
 ) -> SimulationResult:
     """Run ``steps`` steps over ``lengths`` (taken in order) and measure them. ``tunables``
     replaces the planner's constants (``max_packs`` and ``lookahead_steps`` still come from
-    the arguments): for sweeping them, see ``benchmarks/bench_planner_constants.py``."""
+    the arguments): for sweeping them, see ``benchmarks/bench_planner_constants.py``. The cost
+    keys plan and time the steps as the YAML keys of the same names do."""
     sampler = DPAlignedPackingBatchSampler(
         SequentialSampler(range(len(lengths))), lengths, batch_size, dp_size,
         bin_capacity=capacity, allowed_variation=variation, total_steps=steps,
         algorithm=algorithm, align_to_dp=align, lookahead_steps=lookahead_steps,
         max_packs=max_packs, max_deferred_examples=max_deferred_examples,
         oversize_policy="truncate", rank_assignment=rank_assignment,
+        attention_cost_constant=attention_cost_constant,
+        microbatch_cost_tokens=microbatch_cost_tokens, pad_bins_to_capacity=pad_bins_to_capacity,
     )
     if tunables is not None:
         sampler.sizer = StepSizer(sampler.packer, dp_size, max_deferred=sampler.max_deferred_examples,
                                   tunables=replace(tunables, max_packs=max_packs,
-                                                   lookahead_steps=lookahead_steps))
+                                                   lookahead_steps=lookahead_steps),
+                                  microbatch_cost=microbatch_cost_tokens)
     imbalance_rr: list[float] = []
     imbalance_kk: list[float] = []
 
@@ -125,7 +141,8 @@ def simulate(
         """Rank imbalance of round robin and of Karmarkar-Karp over the step's bins."""
         positions = {index: p for p, index in enumerate(plan.example_indices)}
         local_bins = [[positions[i] for i in b] for b in plan.bins]
-        costs = bin_costs(local_bins, sampler.effective_lengths[list(plan.example_indices)])
+        costs = bin_costs(local_bins, sampler.effective_lengths[list(plan.example_indices)],
+                          sampler.attention_cost_constant, sampler.microbatch_cost_tokens)
         for method, sink in (("round_robin", imbalance_rr), ("karmarkar_karp", imbalance_kk)):
             sink.append(imbalance(costs, assign_bins_to_ranks(costs, dp_size, method=method)))
 
@@ -137,15 +154,21 @@ def simulate(
 
 def simulate_exhaustive(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int,
                         steps: int, variation: float = 0.05, algorithm: str = "mffd",
-                        rank_assignment: str = PlannerConfig.rank_assignment) -> SimulationResult:
+                        rank_assignment: str = PlannerConfig.rank_assignment,
+                        attention_cost_constant: float = DEFAULT_ATTENTION_COST_CONSTANT,
+                        microbatch_cost_tokens: float = 0.0,
+                        pad_bins_to_capacity: bool = False) -> SimulationResult:
     """The exhaustive reference planner over the same stream, measured like `simulate` (its
     bins handed to ranks by ``rank_assignment``, as the sampler hands out its own)."""
     v = allowed_batch_variation(batch_size, variation)
     run: ReferenceRun = plan_exhaustively(lengths, batch_size=batch_size, capacity=capacity,
                                           dp_size=dp_size, v=v, steps=steps,
                                           algorithm=algorithm)
-    times = step_times([assign_work(bins, dp_size, capacity, rank_assignment)
-                        for bins in run.step_bins], capacity=capacity)
+    k, m = attention_cost_constant, microbatch_cost_tokens
+    times = step_times([assign_work(bins, dp_size, capacity, rank_assignment, k,
+                                    microbatch_cost=m) for bins in run.step_bins], k,
+                       capacity=capacity, microbatch_cost=m,
+                       row_tokens=capacity if pad_bins_to_capacity else None)
     return SimulationResult(
         label="exhaustive", steps=run.steps, examples=int(sum(run.sizes)), bins=run.bins,
         padding_bins=run.padding_bins, aligned_steps=run.aligned_steps,
@@ -158,6 +181,23 @@ def simulate_exhaustive(lengths: np.ndarray, *, batch_size: int, capacity: int, 
         step_time_cv=times.cv, step_time_imbalance=times.imbalance, modeled_time=times.total,
         step_time_imbalance_bound=times.imbalance_bound,
     )
+
+
+def simulate_dp_balanced(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int,
+                         steps: int, attention_cost_constant: float = DEFAULT_ATTENTION_COST_CONSTANT,
+                         microbatch_cost_tokens: float = 0.0,
+                         pad_bins_to_capacity: bool = False) -> SimulationResult:
+    """Megatron-LM's ``dp_balanced`` over fixed B's steps of the same stream (B examples each,
+    in order, truncated to the capacity as the others are), timed like `simulate`."""
+    stream = np.asarray(lengths, dtype=np.int64)[:steps * batch_size]
+    kept = np.minimum(stream, capacity)
+    order = [range(s, min(s + batch_size, len(stream))) for s in range(0, len(stream), batch_size)]
+    series = dp_balanced_series(order, kept, kept, stream, capacity=capacity,
+                                usable_capacity=capacity, dp=dp_size,
+                                attention_constant=attention_cost_constant,
+                                microbatch_cost=microbatch_cost_tokens,
+                                row_tokens=capacity if pad_bins_to_capacity else None)
+    return SimulationResult.from_series(series)
 
 
 @dataclass(frozen=True)
@@ -183,12 +223,20 @@ def offline_best_paths(lengths: np.ndarray, *, batch_size: int, capacity: int, d
 def compare(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int, steps: int,
             variation: float = 0.05, algorithm: str = "mffd", exhaustive: bool = True,
             max_deferred_examples: int = 0,
-            rank_assignment: str = PlannerConfig.rank_assignment) -> list[SimulationResult]:
+            rank_assignment: str = PlannerConfig.rank_assignment, dp_balanced: bool = False,
+            attention_cost_constant: float = DEFAULT_ATTENTION_COST_CONSTANT,
+            microbatch_cost_tokens: float = 0.0,
+            pad_bins_to_capacity: bool = False) -> list[SimulationResult]:
     """Fixed B (bins rounded up to dp), the exhaustive reference (optional), the project's
-    planner, and the planner with bounded deferral (when ``max_deferred_examples`` > 0); every
-    run hands its bins to ranks by ``rank_assignment``."""
+    planner, the planner with bounded deferral (when ``max_deferred_examples`` > 0) and, with
+    ``dp_balanced``, Megatron-LM's own packing, last; every run but that one hands its bins to
+    ranks by ``rank_assignment``, and every run is timed by the same cost keys."""
+    model: dict[str, Any] = dict(attention_cost_constant=attention_cost_constant,
+                                 microbatch_cost_tokens=microbatch_cost_tokens,
+                                 pad_bins_to_capacity=pad_bins_to_capacity)
     common: dict[str, Any] = dict(batch_size=batch_size, capacity=capacity, dp_size=dp_size, steps=steps,
-                  variation=variation, algorithm=algorithm, rank_assignment=rank_assignment)
+                  variation=variation, algorithm=algorithm, rank_assignment=rank_assignment,
+                  **model)
     runs = [simulate(lengths, align=False, **common)]
     if exhaustive:
         runs.append(simulate_exhaustive(lengths, **common))
@@ -196,6 +244,9 @@ def compare(lengths: np.ndarray, *, batch_size: int, capacity: int, dp_size: int
     if max_deferred_examples:
         runs.append(simulate(lengths, align=True, max_deferred_examples=max_deferred_examples,
                              label=f"aligned, defer <= {max_deferred_examples}", **common))
+    if dp_balanced:
+        runs.append(simulate_dp_balanced(lengths, batch_size=batch_size, capacity=capacity,
+                                         dp_size=dp_size, steps=steps, **model))
     return runs
 
 
@@ -233,6 +284,8 @@ def format_comparison(runs: Sequence[SimulationResult], title: str,
         ("its least with these bins (any hand-out)", lambda r: imb(r.step_time_imbalance_bound)),
         (f"modeled run time vs {base.label}", lambda r: (
             f"{r.modeled_time / base.modeled_time:.4f}" if base.modeled_time else "-")),
+        ("modeled time per 1,000 examples (K tokens of work)", lambda r: (
+            f"{r.modeled_time / r.examples:,.1f}" if r.examples else "-")),
         ("plan ms median / p99", lambda r: f"{r.plan_ms_median:.2f} / {r.plan_ms_p99:.2f}"),
         ("packer runs / step", lambda r: f"{r.packer_runs_mean:.1f}"),
     ]

@@ -6,6 +6,8 @@ Both simulations drive the sampler through `run_steps`: the length-pool comparis
 `StepSeries` (batch size, tokens, bins, padding bins, fill, rank imbalance, aligned, truncated
 and deferred examples, planning time, packer runs and the modeled step time of every step);
 the run's totals (`StepSeries.summary`) and the per-step token CV (`cv`) are computed here once.
+The modeled time charges the sampler's ``microbatch_cost_tokens`` per bin and, where its rows
+are padded to the capacity (``pad_bins_to_capacity``), every bin's full row (`step_time`).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ class StepSeries:
     deferred: np.ndarray  # examples of the step's window moved to the next step
     packer_runs: np.ndarray
     plan_ms: np.ndarray
-    slowest_rank: np.ndarray  # modeled step time: the slowest rank's summed s + s^2 / k
+    slowest_rank: np.ndarray  # modeled step time: the slowest rank's summed m + s + s^2 / k
     mean_rank: np.ndarray  # the mean rank's
     rank_bound: np.ndarray  # the least the slowest rank could cost with the step's bins
     hopeless_steps: int = 0
@@ -135,6 +137,9 @@ def run_steps(sampler: DPAlignedPackingBatchSampler, steps: int, *, label: str,
     align) are silenced: the series counts those steps in ``hopeless_steps`` instead.
     """
     started = time.perf_counter()
+    row_tokens = sampler.bin_capacity if sampler.config.packer.pad_bins_to_capacity else None
+    model: dict[str, Any] = dict(microbatch_cost=sampler.microbatch_cost_tokens,
+                                 row_tokens=row_tokens)
     columns: dict[str, list[Any]] = {k: [] for k in (
         "batch_size", "tokens", "bins", "padding_bins", "token_fill", "dp_imbalance", "aligned",
         "evened", "truncated", "deferred", "packer_runs", "plan_ms", "slowest_rank", "mean_rank",
@@ -161,14 +166,14 @@ def run_steps(sampler: DPAlignedPackingBatchSampler, steps: int, *, label: str,
                 columns["packer_runs"].append(plan.packer_runs)
                 columns["plan_ms"].append(plan.plan_ms)
                 times = rank_times([sampler.effective_lengths[list(b)].tolist() for b in plan.bins],
-                                   plan.rank_bins, sampler.attention_cost_constant)
+                                   plan.rank_bins, sampler.attention_cost_constant, **model)
                 columns["slowest_rank"].append(float(times.max()))
                 columns["mean_rank"].append(float(times.mean()))
                 taken = list(plan.example_indices)
                 columns["rank_bound"].append(slowest_rank_bound(
                     sampler.effective_lengths[taken], sampler.padded_lengths[taken],
                     plan.num_bins // sampler.dp_size, sampler.dp_size,
-                    sampler.packer.usable_capacity, sampler.attention_cost_constant))
+                    sampler.packer.usable_capacity, sampler.attention_cost_constant, **model))
                 hopeless += int(plan.hopeless)
                 if observe is not None:
                     observe(plan)

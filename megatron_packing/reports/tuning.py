@@ -102,6 +102,8 @@ class TunePoint:
     batch_size_max: int = 0
     problem: str | None = None  # why the point did not run (then the figures are zeros)
     examples: int = 0  # examples in the simulated steps (the truncated share's denominator)
+    # modeled run time per 1,000 examples, in tokens of work (`step_time`: the config's cost keys)
+    modeled_per_1000: float = 0.0
 
     @property
     def ran(self) -> bool:

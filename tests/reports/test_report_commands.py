@@ -79,20 +79,46 @@ def test_simulate_config_takes_dp_and_steps_from_the_train_section(report_data, 
     assert not (tmp_path / "o" / "simulate.png").exists()
 
 
-@pytest.mark.parametrize("padded", [True, False])
-def test_simulate_config_says_when_rows_are_padded_past_what_the_step_time_models(
-        report_data, tmp_path, capsys, padded):
-    config = write_config(tmp_path / "sft.yaml", report_data,
-                          packing={"pad_bins_to_capacity": padded})
-    assert main(["simulate", "--config", str(config), "--dp-size", "2", "--steps", "10",
-                 "--output-dir", str(tmp_path / "o"), "--no-plot"]) == 0
-    table = capsys.readouterr().out
+def test_simulate_config_charges_full_rows_when_rows_are_padded(report_data, tmp_path, capsys):
+    summaries, tables = {}, {}
+    for padded in (False, True):
+        config = write_config(tmp_path / f"sft_{padded}.yaml", report_data,
+                              packing={"pad_bins_to_capacity": padded})
+        out = tmp_path / f"o_{padded}"
+        assert main(["simulate", "--config", str(config), "--dp-size", "2", "--steps", "10",
+                     "--output-dir", str(out), "--no-plot"]) == 0
+        tables[padded] = capsys.readouterr().out
+        document = json.loads((out / "simulate.json").read_text())
+        summaries[padded] = {k: document[k]["summary"] for k in ("fixed", "aligned", "dp_balanced")}
+    table = tables[True]
     bins = next(line for line in table.splitlines() if line.startswith("| bins | "))
-    change = bins.rsplit("(", 1)[1].split(")")[0] if "(" in bins else "no change"
-    note = "pad_bins_to_capacity is on: every row is padded to bin_capacity"
-    assert (note in table) == padded
-    if padded:
-        assert f"faster outright ({change} in bins)" in table
+    change = bins.split("(", 1)[1].split(")")[0]
+    assert f"fewer bins are faster outright ({change} in bins)" in table
+    assert "pad_bins_to_capacity is on" not in tables[False]
+    for label in ("fixed", "aligned", "dp_balanced"):
+        plain, rows = summaries[False][label], summaries[True][label]
+        assert rows["bins"] == plain["bins"]  # the same plans: only the model charges rows
+        # Every bin's linear work becomes the whole row: at least its tokens, more with room.
+        assert rows["modeled_time"] > plain["modeled_time"]
+
+
+def test_simulate_config_shows_megatron_lm_s_dp_balanced_beside_fixed_b(report_data, tmp_path,
+                                                                        capsys):
+    config = write_config(tmp_path / "sft.yaml", report_data,
+                          packing={"microbatch_cost_tokens": 500})
+    out = tmp_path / "o"
+    assert main(["simulate", "--config", str(config), "--dp-size", "2", "--steps", "12",
+                 "--output-dir", str(out), "--no-plot"]) == 0
+    table = capsys.readouterr().out
+    document = json.loads((out / "simulate.json").read_text())
+    fixed, reference = document["fixed"], document["dp_balanced"]
+    assert reference["per_step"]["batch_size"] == fixed["per_step"]["batch_size"]
+    assert all(b % 2 == 0 for b in reference["per_step"]["bins"])
+    assert "| measure | fixed B | aligned | dp_balanced (Megatron-LM) |" in table
+    s = reference["summary"]
+    assert f"| {s['bins']:,} |" in next(line for line in table.splitlines()
+                                       if line.startswith("| bins | "))
+    assert "0.0 per micro-batch" not in table and "500 per micro-batch" in table
 
 
 @pytest.mark.parametrize("packing,argv,message", [
@@ -126,6 +152,8 @@ def test_tune_runs_the_grid_and_recommends_a_point_that_ran(report_data, tmp_pat
     assert all("v = floor(16 x 0.05) = 0" in p["problem"] for p in no_window)
     ran = [p for p in report["points"] if p["problem"] is None]
     assert report["recommended"] in ran
+    assert all(p["modeled_per_1000"] > 0 for p in ran)
+    assert "| modeled time / 1,000 examples (K) |" in printed
     assert set(report["fixed"]) == {"128", "256"}
     assert "Recommendation: align_packing_bins_to_dp: true, bin_capacity: " in printed
     assert report["reasons"] and all(r in printed for r in report["reasons"])

@@ -71,3 +71,36 @@ def test_the_table_shows_the_imbalance_bound_and_the_run_time_against_fixed_b(ca
         f"{fixed['step_time_imbalance_bound']:.4f}", f"{aligned['step_time_imbalance_bound']:.4f}"]
     assert rows["modeled run time vs fixed B"][1:3] == ["1.0000", f"{ratio:.4f}"]
     assert 1.0 - 1e-9 <= aligned["step_time_imbalance_bound"] <= aligned["step_time_imbalance"]
+
+
+def test_dp_balanced_runs_fixed_b_s_steps_as_megatron_lm_would(capsys):
+    # Every step holds exactly B examples (fixed B's), next-fit: more bins than fixed B's packer,
+    # bin k on rank k mod dp; every run is timed by the same model.
+    document = _json(capsys)
+    reference, fixed = document["dp_balanced"], document["fixed B"]
+    assert reference["examples"] == fixed["examples"] == STEPS * B
+    assert (reference["min_batch"], reference["max_batch"]) == (B, B)
+    assert reference["bins"] >= fixed["bins"] - fixed["padding_bins"]
+    lengths = pool_stream(load_pools(find_pool_dir()), "gsm8k", STEPS * B, CAPACITY, seed=0)
+    from megatron_packing.packing.dp_balanced import plan_step
+    from megatron_packing.packing.step_time import rank_times
+
+    plans = [plan_step(lengths[s * B:(s + 1) * B], CAPACITY, DP) for s in range(STEPS)]
+    assert reference["bins"] == sum(len(p.bins) for p in plans)
+    assert reference["padding_bins"] == sum(p.extra_bins for p in plans)
+    slowest = [rank_times([[int(lengths[s * B + i]) for i in b] for b in p.bins],
+                          p.rank_bins).max() for s, p in enumerate(plans)]
+    assert reference["modeled_time"] == pytest.approx(sum(slowest))
+
+
+def test_a_micro_batch_cost_is_charged_in_every_run(capsys):
+    plain = _json(capsys)
+    charged = _json(capsys, "--microbatch-cost-tokens", "5000")
+    for label in ("fixed B", "aligned", "dp_balanced"):
+        # The same bins here, plus 5000 per micro-batch on the slowest rank of every step (the
+        # aligned run's hand-out weighs its ranks against a mean that includes the cost, so it
+        # may leave a step's ranks a few tokens apart otherwise).
+        assert charged[label]["bins"] == plain[label]["bins"], label
+        per_rank = charged[label]["bins"] / DP
+        assert charged[label]["modeled_time"] == pytest.approx(
+            plain[label]["modeled_time"] + 5000 * per_rank, rel=1e-4), label

@@ -13,7 +13,7 @@ def test_simulate_prints_the_exhaustive_reference_and_the_offline_best_path(caps
     out = capsys.readouterr().out
     header = next(line for line in out.splitlines() if line.startswith("| measure"))
     assert header == ("| measure | fixed B | exhaustive | aligned | aligned, defer <= 2 "
-                      "| best contiguous paths (offline) |")
+                      "| dp_balanced | best contiguous paths (offline) |")
     rows = {cells[0]: cells for cells in (
         [cell.strip() for cell in line.strip()[1:-1].split("|")]
         for line in out.splitlines() if line.startswith("| "))}
@@ -33,6 +33,8 @@ def test_simulate_prints_the_exhaustive_reference_and_the_offline_best_path(caps
     (["--dp-size", "0"], "--dp-size must be an integer >= 1, got 0"),
     (["--batch-size", "16", "--variation", "0.05"], "gives a window of floor(16 x 0.05) = 0"),
     (["--max-deferred", "-1"], "--max-deferred must be an integer >= 0, got -1"),
+    (["--microbatch-cost-tokens", "-5"], "--microbatch-cost-tokens must be a number >= 0, got -5"),
+    (["--microbatch-cost-tokens", "x"], "--microbatch-cost-tokens must be a number >= 0, got 'x'"),
 ])
 def test_simulate_rejects_bad_arguments_with_a_clear_message(argv, message, capsys):
     with pytest.raises(SystemExit) as raised:

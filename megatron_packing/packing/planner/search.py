@@ -3,9 +3,10 @@
 Two strategies behind one interface (`SizeSearch.search(problem) -> SearchResult`):
 
 - `ExactSearch` (small windows): among the sizes that align, the most aligned steps ahead (real
-  packer counts for the next step, the bound beyond), then the tokens nearest the anchor. The
-  same choice as packing every size and every (size, next boundary) segment, but a segment is
-  packed only while its result could still change the choice.
+  packer counts for the next step, the bound beyond), then the tokens nearest the anchor (plus,
+  with a per-micro-batch cost, the charge of the size's micro-batches: `charge`). The same
+  choice as packing every size and every (size, next boundary) segment, but a segment is packed
+  only while its result could still change the choice.
 - `BoundedSearch` (larger windows): packs sizes in the bound's order (`search_order`), at most
   a budget of them, and takes the first that aligns. It plans ahead by the bound alone and
   packs in the bound's tiers, so it can take an aligning size the exact search ranks lower
@@ -45,6 +46,14 @@ class SearchProblem:
     sizes: list[int]
     token_gap: Callable[[int], float]
     packs: int = 0  # packs spent before the search (they count against the budget)
+    # A size's micro-batches beyond its tokens, priced (`charge.MicrobatchCharge`: size, bins);
+    # None when a micro-batch costs nothing (then every choice is the token gap's).
+    charge: Callable[[int, int], float] | None = None
+
+    def weighed_gap(self, size: int, bins: int) -> float:
+        """The token gap plus the charge of ``size`` packed into ``bins`` bins."""
+        gap = self.token_gap(size)
+        return gap if self.charge is None else gap + self.charge(size, bins)
 
 
 @dataclass
@@ -134,9 +143,12 @@ class ExactSearch:
                                    sizes, setting.horizon) if setting.horizon > 1 else None)
         tried: list[int] = []
         chosen, most, chosen_bins = None, -1, None
+        weigh = problem.charge is not None  # ties on the future go to the least weighed gap
+        best_gap = float("inf")
         for k in ranked:
             after, ends = onward.after(k, problem.context) if onward is not None else (-1, None)
-            if max(after + 1, 0) <= most:
+            reach = max(after + 1, 0)
+            if reach < most or (reach == most and not weigh):
                 continue  # cannot beat the best so far (ties keep the earlier size)
             bins, ok = segments.segment(lengths, 0, k, bound)
             tried.append(k)
@@ -144,9 +156,10 @@ class ExactSearch:
                 continue
             future = 0 if ends is None else max(after + int(any(
                 segments.segment(lengths, k, int(e), bound)[1] for e in ends)), 0)
-            if future > most:
-                chosen, most, chosen_bins = k, future, bins
-                if onward is None:
+            gap = problem.weighed_gap(k, len(bins)) if weigh else 0.0
+            if future > most or (weigh and future == most and gap < best_gap):
+                chosen, most, chosen_bins, best_gap = k, future, bins, gap
+                if onward is None and not weigh:
                     break  # no planning ahead: the first that aligns
         if chosen is None or chosen_bins is None:
             return SearchResult(tried, len(tried), None)
@@ -185,8 +198,9 @@ def search_order(setting: SearchSetting, problem: SearchProblem) -> tuple[list[i
 
     Sizes whose bound is itself a multiple of dp come first (the packers here usually reach
     the bound), then those within ``bound_slack`` bins of one; among each, the sizes after which
-    most of the next few steps can align, then the tokens nearest the anchor; then the rest,
-    which only a larger budget reaches. Also says whether any bound is itself a multiple of dp,
+    most of the next few steps can align, then the tokens nearest the anchor (with a
+    per-micro-batch cost, plus the charge of the bound's bins); then the rest, which only a
+    larger budget reaches. Also says whether any bound is itself a multiple of dp,
     and gives the steps ahead that can align after each size, where it was computed.
     """
     dp, sizes, bounds = setting.dp, problem.sizes, problem.bounds
@@ -208,7 +222,7 @@ def search_order(setting: SearchSetting, problem: SearchProblem) -> tuple[list[i
                                       problem.context, sizes, setting.horizon)
     position = {k: i for i, k in enumerate(sizes)}
     order = sorted(sizes, key=lambda k: (tiers[k], -future.get(k, 0) if tiers[k] < 2 else 0,
-                                         problem.token_gap(k), position[k]))
+                                         problem.weighed_gap(k, int(bounds[k])), position[k]))
     return order, any(t == 0 for t in tiers.values()), future
 
 

@@ -7,7 +7,9 @@ choose among such sizes (`lookahead`). With bounded deferral, a step that cannot
 a few examples of its window to lead the next step (`deferral`). Otherwise the step is padded:
 among the sizes packed, the one after which most of the next steps can align, then the best by
 `padding.rank_padded`; its bins are rounded up to a multiple of dp by `dp_rounding.round_to_dp`,
-the packer's own dp rounding.
+the packer's own dp rounding. With a per-micro-batch cost (``microbatch_cost``), sizes equally
+good on alignment are weighed by their tokens' distance from the running load plus the charge
+of their micro-batches (`charge`): a shorter step against a more even one.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from megatron_packing.common.validation import require_int
+from megatron_packing.common.validation import require_int, require_number
 from megatron_packing.packing.algorithms import SeqPacker
 from megatron_packing.packing.dp_rounding import first_multiple, round_to_dp
 from megatron_packing.packing.planner.bounds import SegmentBound
+from megatron_packing.packing.planner.charge import MicrobatchCharge
 from megatron_packing.packing.planner.deferral import DeferralSearch
 from megatron_packing.packing.planner.floor import floor_bins, no_step_can_drop
 from megatron_packing.packing.planner.lookahead import future_alignment
@@ -65,14 +68,19 @@ class StepSizer:
     than the usable capacity). ``max_deferred`` > 0 lets a step that cannot align leave up to
     that many examples of its window to lead the next step. Among equally good sizes, the one
     whose tokens are nearest the target times the mean length of the examples read ahead wins:
-    token load per step stays even while the drift is still repaid.
+    token load per step stays even while the drift is still repaid. ``microbatch_cost`` (tokens
+    per micro-batch, ``microbatch_cost_tokens``) adds the charge of a size's micro-batches to
+    that distance (`charge.MicrobatchCharge`); 0 leaves every choice to the distance.
     """
 
     def __init__(self, packer: SeqPacker, dp_size: int, *, max_deferred: int = 0,
-                 tunables: PlannerTunables = DEFAULT_TUNABLES) -> None:
+                 tunables: PlannerTunables = DEFAULT_TUNABLES,
+                 microbatch_cost: float = 0.0) -> None:
         dp = require_int("dp_size", dp_size, minimum=1, error=ValueError)
         deferred = require_int("max_deferred", max_deferred, minimum=0, error=ValueError)
         assert dp is not None and deferred is not None  # allow_none is off
+        self.microbatch_cost = require_number("microbatch_cost", microbatch_cost, minimum=0,
+                                              error=ValueError)
         if packer.dp_size is not None:
             raise ValueError(f"StepSizer needs the packer's natural bin counts, but this packer "
                              f"rounds them to dp_size={packer.dp_size}; build it without dp_size "
@@ -159,8 +167,10 @@ class StepSizer:
         if evened is not None:
             return evened
 
+        charge = (MicrobatchCharge(self.microbatch_cost, dp, self.capacity, tokens)
+                  if self.microbatch_cost else None)
         problem = SearchProblem(lengths, bound, bounds, context, context.window().sizes(),
-                                token_gap, packs)
+                                token_gap, packs, charge)
         result = self.search_for(lowest, highest).search(problem)
         tried, packs, future = result.tried, result.packs, result.future
         if result.chosen is not None:
@@ -188,7 +198,8 @@ class StepSizer:
             if ok:  # the size the bound favours aligned after all
                 return self._finish(lengths[:size], bins, True, packs, tried)
             packed[size] = bins
-        ranked = rank_padded(packed, dp, target, token_gap, spread, self.tunables.padding_weight)
+        ranked = rank_padded(packed, dp, target, token_gap, spread, self.tunables.padding_weight,
+                             charge)
         size = ranked[0]
         # Plan ahead here too (the bound judges): a padded step that leaves the next steps able to
         # align saves more bins than its own padding would (measured on the six study geometries:
