@@ -240,7 +240,8 @@ def find_resume_checkpoint(output_dir: str | Path, world_size: int) -> tuple[Pat
     """The checkpoint to resume from, fully verified, plus notes to print.
 
     Raises `CheckpointError` naming the file when the chosen checkpoint is incomplete or
-    damaged, or was saved with a different number of ranks.
+    damaged, or was saved with another number of ranks by a release whose rank files have no
+    global part to plan from at this size.
     """
     root = checkpoint_root(output_dir)
     notes = [f"ignoring {p} (a save that never completed)"
@@ -251,6 +252,11 @@ def find_resume_checkpoint(output_dir: str | Path, world_size: int) -> tuple[Pat
     verify_checkpoint(chosen, world_size)
     if note:
         notes.append(note)
+    saved = read_manifest(chosen)["world_size"]
+    if saved != world_size:
+        notes.append(f"{chosen} was saved by {saved} ranks and this run has {world_size}: the "
+                     "next steps are planned at the new size from the saved position, carry and "
+                     "drift (every rank reads rank 0's global part)")
     return chosen, notes
 
 
@@ -291,10 +297,6 @@ def verify_checkpoint(directory: Path, world_size: int) -> None:
         raise CheckpointError(f"checkpoint {directory} is half-written: {MANIFEST} is missing"
                               + hint)
     manifest = read_manifest(directory)
-    if manifest["world_size"] != world_size:
-        raise CheckpointError(f"checkpoint {directory} was saved by {manifest['world_size']} "
-                              f"ranks, this run has {world_size}: resume with "
-                              f"train.dp_size: {manifest['world_size']}")
     for name, expected in sorted(manifest["files"].items()):
         path = directory / name
         if not path.exists():
@@ -306,6 +308,13 @@ def verify_checkpoint(directory: Path, world_size: int) -> None:
                 f"checkpoint {directory} is damaged: {name} has {len(data)} bytes "
                 f"(sha256 {_sha256(data)[:12]}), its manifest says {expected['bytes']} bytes "
                 f"(sha256 {expected['sha256'][:12]})" + hint)
+    if manifest["world_size"] != world_size:
+        state = load_checkpoint(directory, 0, manifest["world_size"])
+        if "global" not in state.get("dataloader", {}):
+            raise CheckpointError(
+                f"checkpoint {directory} was saved by {manifest['world_size']} ranks by an "
+                "earlier release, whose loader state has no global part to plan from on "
+                f"{world_size} ranks: resume with train.dp_size: {manifest['world_size']}")
 
 
 def check_setup(directory: Path, current: dict[str, Any]) -> None:
@@ -329,8 +338,12 @@ def check_setup(directory: Path, current: dict[str, Any]) -> None:
             "start a new run with --overwrite (or another --output-dir)")
 
 
-def load_checkpoint(directory: Path, rank: int) -> dict[str, Any]:
-    path = directory / f"rank{rank}.pt"
+def load_checkpoint(directory: Path, rank: int, world_size: int) -> dict[str, Any]:
+    """The rank file a rank of a ``world_size``-rank run resumes from: its own where the
+    checkpoint was saved by as many ranks, else rank 0's (its LR schedule and the stream's
+    global part are every rank's)."""
+    saved = read_manifest(directory)["world_size"]
+    path = directory / f"rank{rank if saved == world_size else 0}.pt"
     if not path.exists():
-        raise CheckpointError(f"{path} is missing: was the run saved with a different dp size?")
+        raise CheckpointError(f"checkpoint {directory} is half-written: {path.name} is missing")
     return torch.load(path, map_location="cpu", weights_only=False)

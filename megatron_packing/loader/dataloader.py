@@ -16,12 +16,21 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from megatron_packing.common.validation import require_int
 from megatron_packing.config import PackingConfig, WorkerConfig, config_or_keywords
 from megatron_packing.config.keywords import WorkerKeywords
-from megatron_packing.loader.state import sampler_state, saved_worker_count, stream_position
+from megatron_packing.loader.state import (
+    sampler_state,
+    saved_worker_count,
+    steps_after_snapshot,
+    stream_position,
+)
 from megatron_packing.packed.components import (
     build_packed_components,
     check_not_empty,
 )
 from megatron_packing.padded.components import build_padded_components
+from megatron_packing.stream.state_checks import saved_dp_size
+
+GLOBAL_STATE_VERSION = 1
+GLOBAL_STATE_KEYS = ("version", "dp_size", "num_workers", "sampler")
 
 
 class PackingDataLoader(StatefulDataLoader):
@@ -31,7 +40,64 @@ class PackingDataLoader(StatefulDataLoader):
     their cursor; see `step_stream`); the dataset is map-style and keeps no state. So a state
     saved with the same ``num_workers`` goes through torchdata's own restore, and one saved with
     another ``num_workers`` is reduced to the sampler's position and loaded there.
+
+    `stream_state` reduces a loader state to its global part (the sampler's position after the
+    yielded steps, planned at the saving data-parallel size), which a loader at another
+    data-parallel size or worker count resumes from with `load_stream_state`.
     """
+
+    def _load_resized(self, state_dict: dict[str, Any], saved_dp: int) -> None:
+        """A state saved at another data-parallel size: its sampler position is global, so it
+        loads as is where no step was yielded after the saving loader's last snapshot."""
+        lag = steps_after_snapshot(state_dict)
+        sampler: Any = self.batch_sampler
+        if lag:
+            raise ValueError(
+                f"this loader state was saved at data-parallel size {saved_dp} with {lag} steps "
+                f"yielded after its last snapshot; those steps were planned at size {saved_dp} "
+                f"and cannot be replayed at {sampler.dp_size}. Save the global part "
+                "instead (stream_state() of the saving loader) and load it with "
+                "load_stream_state(), or save with snapshot_every_n_steps=1")
+        self.load_stream_state({"version": GLOBAL_STATE_VERSION, "dp_size": saved_dp,
+                                "num_workers": saved_worker_count(state_dict),
+                                "sampler": stream_position(state_dict, None).sampler_state})
+
+    def stream_state(self, state_dict: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The global part of ``state_dict`` (default: this loader's state now).
+
+        No rank and no worker layout is in it: every rank plans the same global steps, so any
+        rank's part serves a rank of a run at another size. Steps yielded after the loader's
+        last snapshot are replayed on a replica of the sampler, at this loader's own size.
+        """
+        sampler: Any = self.batch_sampler
+        state = self.state_dict() if state_dict is None else state_dict
+        position = stream_position(state, sampler.replica())
+        return {"version": GLOBAL_STATE_VERSION, "dp_size": int(sampler.dp_size),
+                "num_workers": int(self.num_workers), "sampler": position.sampler_state}
+
+    def check_stream_state(self, stream_state: Any) -> None:
+        """Raise `ValueError` unless ``stream_state`` is a global part this loader can resume
+        from (its sampler's setup checked; the data-parallel size may differ)."""
+        if not isinstance(stream_state, dict) or any(k not in stream_state
+                                                     for k in GLOBAL_STATE_KEYS):
+            raise ValueError(f"not the global part of a loader state (expected the keys "
+                             f"{', '.join(GLOBAL_STATE_KEYS)}): pass what stream_state() "
+                             "returned")
+        if stream_state["version"] != GLOBAL_STATE_VERSION:
+            raise ValueError(f"the global part of the loader state has format version "
+                             f"{stream_state['version']!r}; this build reads version "
+                             f"{GLOBAL_STATE_VERSION}")
+        sampler: Any = self.batch_sampler
+        sampler.check_state(stream_state["sampler"])
+
+    def load_stream_state(self, stream_state: dict[str, Any]) -> None:
+        """Resume from the global part of a loader state, saved at any data-parallel size and
+        worker count: the next iterator plans this loader's steps from the saved position."""
+        self.check_stream_state(stream_state)
+        sampler: Any = self.batch_sampler
+        sampler.load_state_dict(stream_state["sampler"])
+        super().load_state_dict({})  # no loader-level state: the next iter() starts fresh
+        self.next_iter_state = None  # from the sampler's position
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a state from `state_dict`, also one saved with another ``num_workers``.
@@ -45,8 +111,14 @@ class PackingDataLoader(StatefulDataLoader):
                 "the beginning, do not load a state at all"
             )
         check = getattr(self.batch_sampler, "check_state", None)
+        saved = sampler_state(state_dict)
         if callable(check):  # refuse a wrong state now, not at the first iteration
-            check(sampler_state(state_dict))
+            check(saved)
+        sampler: Any = self.batch_sampler
+        saved_dp = saved_dp_size(saved)
+        if saved_dp is not None and saved_dp != getattr(sampler, "dp_size", saved_dp):
+            self._load_resized(state_dict, saved_dp)
+            return
         if saved_worker_count(state_dict) == self.num_workers:
             super().load_state_dict(state_dict)
             return

@@ -61,6 +61,13 @@ def sampler_state(state: dict[str, Any]) -> Any:
     return state.get(_INDEX_SAMPLER_STATE)
 
 
+def steps_after_snapshot(state: dict[str, Any]) -> int:
+    """Steps the saving loader yielded after its last worker snapshot (0 without workers)."""
+    if _MULTI._SNAPSHOT not in state:
+        return 0
+    return int(state.get(_MULTI._STEPS_SINCE_SNAPSHOT, 0))
+
+
 def stream_position(state: dict[str, Any], batch_sampler: Any) -> StreamPosition:
     """Reduce either layout to a `StreamPosition`.
 

@@ -67,18 +67,49 @@ class TrainStream:
         return self
 
     def state_dict(self) -> dict[str, Any]:
-        state = {"loader": self.loader.state_dict(), "counter": self.counter.state_dict()}
+        """This rank's loader state (exact, for a resume at the same size and workers) and the
+        stream's global part, the same on every rank (for a resume at any other size)."""
+        loader = self.loader.state_dict()
+        shared: dict[str, Any] = {"loader": self.loader.stream_state(loader),
+                                  "counter": self.counter.state_dict()}
         if self.budget is not None:
-            state["budget"] = self.budget.state_dict()
-        return state
+            shared["budget"] = self.budget.state_dict()
+        return {"loader": loader, "global": shared}
 
     def save_state(self) -> dict[str, Any]:
         """What Megatron's dataloader hook stores in a checkpoint (``iterable.save_state()``)."""
         return self.state_dict()
 
+    def resumes_exactly(self, state: dict[str, Any]) -> bool:
+        """Whether ``state`` (a rank's) loads through torchdata's own restore: saved at this
+        data-parallel size and worker count (or by a release without the global part)."""
+        shared = state.get("global")
+        if shared is None:
+            return True
+        saved = shared["loader"]
+        return (saved["dp_size"], saved["num_workers"]) == (self.loader.batch_sampler.dp_size,
+                                                            self.loader.num_workers)
+
+    def check_state(self, state: dict[str, Any]) -> None:
+        """Raise `ValueError` unless ``state`` can be loaded (loads nothing): its sampler's setup
+        is this run's, and a resume at another size or worker count has the global part."""
+        if self.resumes_exactly(state):
+            from megatron_packing.loader.state import sampler_state
+
+            self.loader.batch_sampler.check_state(sampler_state(state["loader"]))
+            return
+        self.loader.check_stream_state(state["global"]["loader"])
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loader.load_state_dict(state["loader"])
-        self.counter.load_state_dict(state["counter"])
-        if self.budget is not None and "budget" in state:
-            self.budget.load_state_dict(state["budget"])
+        """Resume from a rank's saved state: exactly as saved at the same size and workers,
+        else from its global part (any rank's), planned at this loader's size."""
+        shared = state.get("global")
+        if shared is None or self.resumes_exactly(state):
+            self.loader.load_state_dict(state["loader"])
+        else:
+            self.loader.load_stream_state(shared["loader"])
+        counts = state if shared is None else shared  # a release without the global part
+        self.counter.load_state_dict(counts["counter"])
+        if self.budget is not None and "budget" in counts:
+            self.budget.load_state_dict(counts["budget"])
         self._iterator = None

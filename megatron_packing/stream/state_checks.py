@@ -45,15 +45,36 @@ def check_state_keys(state: Any, required: Sequence[str], owner: str) -> None:
                          f"(expected keys: {', '.join(required)}): {where}")
 
 
+def _same_fp8(saved: Any, now: Any) -> bool:
+    """``tp_cp_fp8`` = [tp, cp, fp8_enabled, fp8_recipe]: tp and cp may change, FP8 may not."""
+    return isinstance(saved, list) and isinstance(now, list) and saved[2:] == now[2:]
+
+
+RESHARDABLE: dict[str, Any] = {
+    "dp_size": lambda saved, now: True,
+    "alignment": lambda saved, now: True,  # follows tp and cp (FP8 is checked in tp_cp_fp8)
+    "tp_cp_fp8": _same_fp8,
+}
+"""Fingerprint fields a resume may change, each with the test of an allowed change: the
+parallel layout. A sampler state is the global stream (the order's position, the carry, the step
+counters, the drift), which every rank plans from alike; the layout decides only how the steps
+ahead are aligned and handed out to the ranks, so the state continues under another one
+(docs/sampler.md, "Resuming on another number of GPUs")."""
+
+
 def check_fingerprint(saved: Any, current: dict[str, Any]) -> None:
-    """Refuse a state saved under other settings, naming each field with both values."""
+    """Refuse a state saved under other settings, naming each field with both values.
+
+    The parallel layout (`RESHARDABLE`) may differ; everything else must match.
+    """
     if not isinstance(saved, dict):
         raise ValueError(f"the sampler state's fingerprint is {type(saved).__name__}, not a dict")
     differing = [
         f"{key}: saved {saved[key]!r}, now {value!r}" if key in saved
         else f"{key}: not recorded in the saved state, now {value!r}"
         for key, value in current.items()
-        if key not in saved or saved[key] != value
+        if key not in saved or (saved[key] != value and not (
+            key in RESHARDABLE and RESHARDABLE[key](saved[key], value)))
     ]
     if differing:
         raise ValueError(
@@ -111,3 +132,10 @@ def check_state_fields(state: dict[str, Any], rules: dict[str, FieldRule], owner
                          + "; ".join(problems) + "): it was not written by "
                          f"{owner}.state_dict() or was changed since; load the state as saved, "
                          "or start without loading it")
+
+
+def saved_dp_size(state: Any) -> int | None:
+    """The data-parallel size a sampler state was saved at (None where it does not say)."""
+    fingerprint = state.get("fingerprint") if isinstance(state, dict) else None
+    value = fingerprint.get("dp_size") if isinstance(fingerprint, dict) else None
+    return value if _is_int(value) else None

@@ -97,6 +97,13 @@ class StepStream(ABC, Generic[CursorT, StepT]):
         if self._idle_cursor is not None and (self._latest is None or self._latest.finished):
             self._resume_state = self._cursor_state(self._idle_cursor)
 
+    def replica(self) -> StepStream[CursorT, StepT]:
+        """This sampler with a stream of its own, starting at the stream's start: for replaying
+        plans (e.g. reading a saved position) without moving this sampler's iterators."""
+        clone = copy.copy(self)
+        clone._init_stream()
+        return clone
+
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         """A fresh copy of the stream position: safe to hold while iteration continues."""

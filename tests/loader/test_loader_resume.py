@@ -155,7 +155,7 @@ def test_a_state_from_another_setup_is_refused():
     loader = make_loader()
     next(iter(loader))
     state = loader.state_dict()
-    other = make_loader(dp_size=4)
-    with warnings.catch_warnings(), pytest.raises(ValueError, match="dp_size"):
+    other = make_loader(global_batch_size=BATCH + 2)
+    with warnings.catch_warnings(), pytest.raises(ValueError, match="batch_size"):
         other.load_state_dict(state)
         next(iter(other))

@@ -196,7 +196,47 @@ def test_the_replicated_backend_trains_with_megatron_cores_ddp_and_optimizer(run
     tensors = dist_checkpointing.load_tensors_metadata(str(checkpoint / SHARED))
     assert "embedding.word_embeddings.weight" in tensors
     assert not any(key.startswith("module.") for key in tensors)
-    state = load_checkpoint(checkpoint, 0)
+    state = load_checkpoint(checkpoint, 0, 2)
     assert set(state) == {"scheduler", "dataloader", "step"}  # the rank's own part only
     assert state["scheduler"]["num_steps"] == sum(r["train/actual_batch_size"]
                                                   for r in _metrics(runs["dirs"]["full"]))
+
+
+@pytest.mark.slow
+def test_resume_on_another_number_of_ranks_and_workers_plans_the_rest_there(runs, tmp_path):
+    """Stopped at DP 2 with 2 loader workers, resumed at DP 3 with none: the resumed steps are
+    what a fresh sampler at DP 3 plans from the saved global part, and the counts continue."""
+    import dataclasses
+
+    import torch
+
+    from megatron_packing.data import load_sft_dataset
+    from megatron_packing.demo.checkpoint import latest_checkpoint
+    from megatron_packing.demo.trainer import RunSpec, launch_runs
+    from megatron_packing.packed.components import build_packing_sampler
+
+    cfg = runs["cfg"]
+    out = str(tmp_path / "resized")
+    launch_runs(cfg, [RunSpec(out, num_workers=2, stop_after=STOP_AT, quiet=True)])
+    saved = latest_checkpoint(out)
+    assert saved is not None
+    part = torch.load(saved / "rank0.pt", weights_only=False)["dataloader"]["global"]["loader"]
+    assert (part["dp_size"], part["num_workers"]) == (2, 2)
+    three = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, dp_size=3))
+    launch_runs(three, [RunSpec(out, resume=True, num_workers=0, quiet=True)])
+    logged = _metrics(out)
+    assert [r["step"] for r in logged] == list(range(STEPS))
+    dataset = load_sft_dataset(cfg.data.paths, cfg.data.tokenizer, cache_dir=cfg.data.cache_dir,
+                               show_progress=False)
+    fresh = build_packing_sampler(dataset, cfg.packing, dp_rank=None, dp_size=3,
+                                  seed=PACKING["seed"], total_steps=STEPS)
+    fresh.load_state_dict(part["sampler"])
+    plans = [batch.plan for batch in fresh]
+    while len(plans) < STEPS - STOP_AT:
+        plans += [batch.plan for batch in fresh]
+    for record, plan in zip(logged[STOP_AT:], plans, strict=False):
+        assert record["train/actual_batch_size"] == plan.num_examples
+        assert record["train/bins"] == plan.num_bins and plan.num_bins % 3 == 0
+        assert record["train/loss_tokens"] == plan.num_loss_tokens
+    summary = json.loads((Path(out) / "summary.json").read_text())
+    assert summary["examples"] == sum(r["train/actual_batch_size"] for r in logged)

@@ -200,3 +200,27 @@ def test_build_padded_components_follows_config():
     batch = collate(wrapper.__getitems__(plan))
     assert batch.micro_batches[0].tokens.shape[0] == 2
     assert np.all(batch.micro_batches[0].tokens.numpy()[batch.micro_batches[0].attention_mask.numpy() == 0] == 5)
+
+
+@pytest.mark.parametrize(("dp", "dp_new"), [(4, 2), (2, 3)])
+def test_a_resume_at_another_dp_size_plans_the_rest_at_that_size(dp, dp_new):
+    """The saved position (order, step, budget changes) is global: the next steps are those a
+    fresh sampler at the new size plans from it, with equal counts, each example once."""
+    saving = [make_sampler(rank, dp=dp) for rank in range(dp)]
+    saving[0].set_max_tokens(900, from_step=3)
+    steps = [iter(sampler) for sampler in saving]
+    head = [i for _ in range(2) for it in steps for i in next(it)]
+    state = saving[0].state_dict()
+    resumed = [make_sampler(rank, dp=dp_new) for rank in range(dp_new)]
+    for sampler in resumed:
+        sampler.load_state_dict(state)
+    fresh = make_sampler(None, dp=dp_new)
+    fresh.load_state_dict(state)
+    tail = []
+    for plans, whole in zip(zip(*resumed, strict=True), fresh, strict=True):
+        assert len({plan.microbatches_per_rank for plan in plans}) == 1
+        assert {plan.dp_size for plan in plans} == {dp_new}
+        assert [i for plan in plans for i in plan] == list(whole)
+        assert plans[0].max_tokens == (1200 if plans[0].step < 3 else 900)
+        tail += list(whole)
+    assert sorted(head + tail) == list(range(300))
