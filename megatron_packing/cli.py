@@ -1,5 +1,5 @@
-"""The ``megatron-packing`` command: ``train``, ``prepare``, ``simulate``, ``tune``, ``inspect``
-and ``budget``."""
+"""The ``megatron-packing`` command: ``train``, ``prepare``, ``simulate``, ``tune``, ``inspect``,
+``budget`` and ``calibrate``."""
 
 from __future__ import annotations
 
@@ -144,6 +144,7 @@ def _budget(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line: one parser, a subparser per command with all its options."""
     from megatron_packing.reports.arguments import (
+        add_calibrate_arguments,
         add_simulate_arguments,
         add_tune_arguments,
         integer,
@@ -162,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "and checkpoints); without it, or --resume, such a directory is refused")
     tr.add_argument("--no-wandb", action="store_true", help="do not log to W&B")
     tr.add_argument("--steps", type=int, help="override train.steps")
+    tr.add_argument("--verbose", action="store_true",
+                    help="show every third-party start-up warning (by default the known "
+                         "harmless ones collapse into one line; a set PYTHONWARNINGS also "
+                         "shows them)")
 
     prep = sub.add_parser(
         "prepare", help="tokenize a YAML's data ahead of the job: build (or verify) the length "
@@ -194,6 +199,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "aligned simulation per point) and recommend a setting, with the reasons.")
     add_tune_arguments(tune)
     tune.set_defaults(command_parser=tune)
+    cal = sub.add_parser(
+        "calibrate", help="measure attention_cost_constant and microbatch_cost_tokens on a GPU",
+        description="Time one transformer layer of the model's shape (forward + backward) over "
+                    "bin compositions at the capacity, fit ms = a + b x tokens + c x sum(s^2), "
+                    "and print each composition measured against modeled and the two keys "
+                    "(attention_cost_constant = b/c, microbatch_cost_tokens = a/b). Needs a GPU, "
+                    "unless --from-timings fits a saved timings file.")
+    add_calibrate_arguments(cal)
 
     ins = sub.add_parser("inspect", help="print a config's resolved packing keys and v")
     ins.add_argument("--config", required=True)
@@ -232,6 +245,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except UsageError as exc:
             args.command_parser.error(str(exc))  # usage line, the message, exit status 2
     if args.command == "train":
+        from megatron_packing.common import quiet_start
+
+        quiet_start.begin(f"megatron-packing train: starting with {args.config}",
+                          verbose=args.verbose, verbose_flag="--verbose")
         try:
             return _train(args)
         except Exception:  # not a refusal: show where, under one line that says what it is
@@ -241,8 +258,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"report it with this traceback):\n{traceback.format_exc()}", file=sys.stderr,
                   end="", flush=True)
             return 1
+        finally:
+            quiet_start.end()
     if args.command == "budget":
         return _budget(args)
+    if args.command == "calibrate":
+        from megatron_packing.reports.calibration import calibrate_command
+
+        return calibrate_command(args)
     if args.command == "prepare":
         return _prepare(args)
     return _inspect(args)

@@ -34,6 +34,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from megatron_packing.common import quiet_start
+
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 TIMEOUT_ENV = "MEGATRON_PACKING_DIST_TIMEOUT_S"
 """Seconds a collective waits for its peers before failing (default: torch's 30 minutes).
@@ -170,7 +172,9 @@ def _report_path(report_dir: str, rank: int) -> str:
 def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, parent_pid: int,
            args: tuple, report_dir: str, refusals: tuple[type[BaseException], ...]) -> None:
     """One spawned rank: a failure is written to its report file (read by the launcher) and
-    ends the process with exit code 2 (a refusal) or 1, never with a traceback of its own."""
+    ends the process with exit code 2 (a refusal) or 1, never with a traceback of its own.
+    The launcher's collapse of known third-party warnings holds here too (`quiet_start`)."""
+    quiet_start.inherit()
     _die_with_parent(parent_pid)
     install_stop_handlers()
     code = 0

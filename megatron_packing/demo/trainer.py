@@ -36,6 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from megatron_packing.common import quiet_start
 from megatron_packing.config.training import TrainingConfig
 from megatron_packing.demo.checkpoint import (
     SHARED,
@@ -325,7 +326,7 @@ class DemoParts:
 
     def restore(self, checkpoint: Path) -> int:
         """Load this rank's part of ``checkpoint``; returns the steps it had done."""
-        state = load_checkpoint(checkpoint, self.rank)
+        state = load_checkpoint(checkpoint, self.rank, dist.get_world_size(self.group))
         weights = checkpoint / SHARED
         if not weights.is_dir():
             raise TrainingError(f"checkpoint {checkpoint} has no {SHARED}/ directory (the model "
@@ -441,6 +442,7 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
 
     logger = _make_logger(cfg, spec, out, rank, start_step)
     stop = min(tc.steps, spec.stop_after) if spec.stop_after is not None else tc.steps
+    quiet_start.report("[train] ", show=rank == 0 and not spec.quiet)
     if rank == 0 and not spec.quiet:
         print(f"[train] dp={world} steps {start_step}->{stop} of {tc.steps}, "
               f"B={cfg.packing.global_batch_size} v={cfg.packing.v} "

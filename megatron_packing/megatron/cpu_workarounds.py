@@ -1,31 +1,38 @@
 """Everything megatron-core needs to run on a CPU-only torch build, kept in one place.
 
-megatron-core assumes CUDA in a few spots that a tiny CPU model still reaches:
+megatron-core assumes CUDA in a few spots that a tiny CPU model still reaches. Each entry's last
+line names the GPU code path it stands in for and the test that covers the library's own side of
+it (the GPU tier is ``tests/gpu``, docs/gpu.md):
 
 1. ``model_parallel_cuda_manual_seed`` needs CUDA, so the tensor-parallel RNG tracker is
    initialised directly instead.
+   GPU: ``model_parallel_cuda_manual_seed``, `apply_cpu_workarounds` a no-op; covered: tests/gpu/test_gpu_workarounds.py::test_the_cpu_workarounds_change_nothing_where_cuda_exists.
 2. Some layers ask ``torch.cuda.current_device()`` for a device; it is answered with ``"cpu"``.
    megatron-core 0.19's DDP grad sync also asks ``torch.cuda.current_stream()`` (to wait for
    CUDA-graph events); it is answered with a stand-in whose waits do nothing, since CPU work
    is already ordered (a CUDA build of torch on a machine without a GPU would fail there).
+   GPU: the real device and stream, left unpatched; covered: tests/gpu/test_gpu_workarounds.py::test_the_cpu_workarounds_change_nothing_where_cuda_exists.
 3. The schedules allocate their token counter with ``device="cuda"``, and the megatron-core
    optimizers (``get_megatron_optimizer``, ``step()``, gradient clipping) allocate their loss
    scale, overflow flags and norms the same way; `cuda_factories_on_cpu` redirects tensor
    factories that name CUDA to the CPU while a schedule, the optimizer's construction or its
    step runs.
+   GPU: those tensors on the device, the mode not entered; covered: tests/gpu/test_gpu_workarounds.py::test_the_cpu_workarounds_change_nothing_where_cuda_exists.
 4. The distributed optimizer picks a parameter's branch by ``param.type()`` and rejects any
    name but ``torch.cuda.{Float,Half,BFloat16}Tensor``; gradient clipping asserts
    ``grad.type() == "torch.cuda.FloatTensor"``. While the optimizer is built and stepped,
    ``.type()`` (no arguments) of a CPU floating tensor answers with the CUDA name.
+   GPU: the tensors' own CUDA type names; covered: tests/gpu/test_gpu_workarounds.py::test_the_cpu_workarounds_change_nothing_where_cuda_exists.
 5. float64 (used for exact equivalence checks) is no type the distributed optimizer knows:
    while the optimizer is built and stepped, a float64 tensor's ``.type()`` answers
    ``torch.cuda.FloatTensor`` (the full-precision branch, which shards the parameter as it is)
    and its ``.float()`` returns it unchanged (the branch casts gradients with ``.float()``), so a
    float64 run keeps float64 parameters, gradients and Adam state. No-op for other dtypes.
-
+   GPU: float64 ``.float()`` casts as usual; covered: tests/gpu/test_gpu_workarounds.py::test_the_cpu_workarounds_change_nothing_where_cuda_exists.
 6. megatron-core's checkpoint writer (``dist_checkpointing``'s ``torch_dist`` strategy) calls
    ``torch.cuda.synchronize()`` before it copies tensors out; with no CUDA device there is
    nothing to wait for, so it returns at once.
+   GPU: the writer's real synchronize; covered: tests/gpu/test_gpu_workarounds.py (left unpatched) and test_gpu_checkpoint.py (the writer on CUDA).
 
 `megatron_optimizer_compat` applies 3 to 5; wrap ``get_megatron_optimizer`` and every
 ``optimizer.step()`` in it (`megatron_packing.megatron.ddp` and `train_step` do).

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from megatron_packing.config import ConfigError, PackingConfig
 from megatron_packing.padded.control_file import BUDGET_FILE
+
+if TYPE_CHECKING:
+    from megatron_packing.megatron_lm.data import SavedLoaderState
 
 FP8_RECIPE_FROM_MEGATRON = {"delayed": "delayed", "tensorwise": "tensorwise",
                             "mxfp8": "mxfp8", "blockwise": "blockwise"}
@@ -46,6 +49,10 @@ def add_packing_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
                             "(megatron_packing's, from megatron-core's layer specs; no checkout "
                             "needed with megatron-core 0.19) or `auto` (the checkout's when "
                             "importable, else the project's)")
+    group.add_argument("--packing-verbose", action="store_true",
+                       help="show every third-party start-up warning (by default the known "
+                            "harmless ones collapse into one line; a set PYTHONWARNINGS also "
+                            "shows them)")
     return parser
 
 
@@ -120,43 +127,54 @@ def validation_steps(eval_iters: int, available: int, valid_ds: Any, batch_size:
     return available
 
 
-def check_resumed_batch_size(args: Any, dp_rank: int) -> None:
-    """On ``--load``, refuse a checkpoint without this rank's loader state, and another
-    ``--global-batch-size``, before the model is built and Megatron's scheduler check.
+def read_resume_state(args: Any, dp_rank: int, dp_size: int) -> SavedLoaderState | None:
+    """On ``--load`` (without ``--finetune``): the loader state this rank resumes from, read
+    before anything is built; None when there is nothing to resume.
 
-    The saved loader state records the B its plan was made for. Megatron's own check fires later,
-    inside ``load_checkpoint``, with a message about warmup iterations that never names B.
+    Refuses, naming the saved and the new value, a checkpoint without loader states and another
+    ``--global-batch-size``: the saved loader state records the B its plan was made for, and
+    Megatron's own check fires later, inside ``load_checkpoint``, with a message about warmup
+    iterations that never names B. A data-parallel size other than the saved one is taken
+    (`read_loader_state` picks the state with the global part).
     """
-    import os
-
-    import torch
-
-    from megatron_packing.megatron_lm.data import (
-        checkpoint_to_load,
-        loader_state_path,
-        missing_loader_state,
-    )
+    from megatron_packing.megatron_lm.data import checkpoint_to_load, read_loader_state
 
     if not args.load or args.finetune:
-        return
+        return None
     found = checkpoint_to_load(args)
     if found is None:
-        return
+        return None
     iteration, _ = found
-    path = loader_state_path(args.load, iteration, dp_rank)
-    if not os.path.isfile(path):  # refused before the model is built and the weights read
-        raise missing_loader_state(args.load, iteration, dp_rank, path)
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    saved = _saved_fingerprint(state).get("batch_size")
-    if saved is not None and saved != args.global_batch_size:
+    saved = read_loader_state(args.load, iteration, dp_rank, dp_size)
+    batch_size = _saved_fingerprint(saved.state).get("batch_size") or \
+        _saved_fingerprint(saved.state).get("global_batch_size")
+    if batch_size is not None and batch_size != args.global_batch_size:
         raise MegatronArgumentError(
             f"--global-batch-size {args.global_batch_size}: the checkpoint at iteration "
-            f"{iteration} under {args.load} was trained with --global-batch-size {saved}. The "
-            "packing plan and the LR schedule (sized as iters x --global-batch-size examples) "
-            f"depend on it: resume with --global-batch-size {saved}. "
+            f"{iteration} under {args.load} was trained with --global-batch-size {batch_size}. "
+            "The packing plan and the LR schedule (sized as iters x --global-batch-size "
+            f"examples) depend on it: resume with --global-batch-size {batch_size}. "
             "--override-opt_param-scheduler would take the new LR schedule, but the data "
             "stream's plan would still be the saved one, so it is refused too; to train on with "
             "another batch size, start a new run from these weights with --finetune")
+    return saved
+
+
+def resize_refusal(error: ConfigError, saved: SavedLoaderState, dp_size: int,
+                   packing_yaml: Mapping[str, Any], batch_size: int) -> ConfigError:
+    """A packing setting refused at this run's data-parallel size, said as a resume from the
+    saved size: both sizes, and the largest size the batch window allows."""
+    from megatron_packing.common.validation import allowed_batch_variation
+
+    variation = packing_yaml.get("packing_batch_size_allowed_variation",
+                                 PackingConfig().packing_batch_size_allowed_variation)
+    largest = ""
+    if isinstance(variation, (int, float)) and 0 < variation < 1:
+        largest = (f"; with these settings resume at a data-parallel size of at most "
+                   f"{batch_size - allowed_batch_variation(batch_size, variation)}")
+    return ConfigError(f"--load: the checkpoint at iteration {saved.iteration} was saved at "
+                       f"data-parallel size {saved.saved_dp_size} and this run has {dp_size}: "
+                       f"{error}{largest}")
 
 
 def _saved_fingerprint(state: Any) -> dict[str, Any]:

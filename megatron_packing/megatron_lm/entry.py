@@ -22,6 +22,7 @@ import sys
 import time
 from typing import Any
 
+from megatron_packing.common import quiet_start
 from megatron_packing.config import ConfigError
 from megatron_packing.config.training import DataConfig
 from megatron_packing.megatron import compat
@@ -31,11 +32,17 @@ from megatron_packing.megatron_lm.arguments import (
     add_packing_arguments,
     check_megatron_arguments,
     check_padded_lengths,
-    check_resumed_batch_size,
+    read_resume_state,
+    resize_refusal,
     resolve_packing_config,
     validation_steps,
 )
-from megatron_packing.megatron_lm.data import restore_loader_state
+from megatron_packing.megatron_lm.data import (
+    SavedLoaderState,
+    check_loader_state,
+    read_loader_state,
+    restore_loader_state,
+)
 from megatron_packing.megatron_lm.schedule import schedule_in_examples
 
 _PROGRAM_START = time.time()
@@ -90,6 +97,9 @@ def main(argv: list[str] | None = None, *, program_start: float | None = None) -
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
     import_megatron_training()
+    from megatron_packing.megatron_lm.startup import prepare_compile_step
+
+    prepare_compile_step()  # every rank, before any collective: no make where helpers import
     from megatron.core import parallel_state as ps
     from megatron.core.enums import ModelType
     from megatron.training import get_args, print_rank_0
@@ -115,9 +125,15 @@ def main(argv: list[str] | None = None, *, program_start: float | None = None) -
     dp_size = ps.get_data_parallel_world_size()
     dp_rank = ps.get_data_parallel_rank()
     packing_yaml, explicit, data = read_packing_yaml(args.packing_config)
-    packing = resolve_packing_config(packing_yaml, args, dp_size=dp_size, explicit_keys=explicit,
-                                     source=args.packing_config)
-    check_resumed_batch_size(args, dp_rank)
+    resume = read_resume_state(args, dp_rank, dp_size)
+    try:
+        packing = resolve_packing_config(packing_yaml, args, dp_size=dp_size,
+                                         explicit_keys=explicit, source=args.packing_config)
+    except ConfigError as error:
+        if resume is None or resume.saved_dp_size == dp_size:
+            raise
+        raise resize_refusal(error, resume, dp_size, packing_yaml,
+                             args.global_batch_size) from None
     train_ds, valid_ds = _load_datasets(data, vocab_limit=args.padded_vocab_size)
     if not packing.use_sequence_packing:
         for dataset, key in ((train_ds, "data.paths"), (valid_ds, "data.valid_paths")):
@@ -137,6 +153,9 @@ def main(argv: list[str] | None = None, *, program_start: float | None = None) -
                                   num_workers=args.packing_num_workers)
     total = examples_the_run_trains(args.train_iters, len(loader), len(train_ds),
                                     packing.global_batch_size)
+    stream = TrainStream(loader, budget=_budget_controller(args, packing, loader))
+    if resume is not None:  # refused now, before the model is built and the weights read
+        check_loader_state(stream, resume)
     checkpointing_context: dict[str, Any] = {}
     # CPU only: the optimizer's CUDA type names (bf16 too); the schedule in examples.
     with megatron_optimizer_compat(), schedule_in_examples(args, total) as resized:
@@ -148,14 +167,17 @@ def main(argv: list[str] | None = None, *, program_start: float | None = None) -
     print_rank_0(f"> the run trains {total} examples over {args.train_iters} iterations"
                  + (f" ({len(loader)} steps per epoch); the LR schedule is sized to them"
                     if resized else ""))
+    quiet_start.report("> ")
     if not args.skip_train:  # Megatron wraps the model in DDP only to train
         _wire_grad_sync(model, optimizer, args)
 
-    stream = TrainStream(loader, budget=_budget_controller(args, packing, loader))
     if args.iteration > 0:
-        path = restore_loader_state(stream, args.load, args.iteration, dp_rank)
+        if resume is None or resume.iteration != args.iteration:  # Megatron chose another
+            resume = read_loader_state(args.load, args.iteration, dp_rank, dp_size)
+            check_loader_state(stream, resume)
+        restore_loader_state(stream, resume)
         print_rank_0(f"> restored the packing loader state of iteration {args.iteration} "
-                     f"from {path}")
+                     f"from {resume.path}" + _resize_note(resume, dp_size))
         if stream.counter.examples != args.consumed_train_samples:
             raise RuntimeError(
                 f"checkpoint iteration {args.iteration}: Megatron counts "
@@ -175,6 +197,15 @@ def main(argv: list[str] | None = None, *, program_start: float | None = None) -
     loop = Loop(model, optimizer, scheduler, stream, forward_step, dp_size, packing.pad_token_id,
                 validation, checkpointing_context, width_multiple)
     return _run(args, loop)
+
+
+def _resize_note(resume: SavedLoaderState, dp_size: int) -> str:
+    """What a resume at another data-parallel size does, for the start-up log."""
+    if resume.saved_dp_size == dp_size:
+        return ""
+    return (f" (saved at data-parallel size {resume.saved_dp_size}, now {dp_size}: the next "
+            "steps are planned at the new size from the saved position, carry and drift; "
+            "ranks new to the run read DP rank 0's global part)")
 
 
 _PROVIDER_TEXT = {"megatron-lm": "Megatron-LM's model_provider + gpt_builders (checkout)",
@@ -203,17 +234,25 @@ def run(argv: list[str] | None = None, *, program_start: float | None = None) ->
 
     Every rank meets the same start-up refusal, so only global rank 0 prints it; the others
     wait `REFUSAL_GRACE_S` before they exit, since torchrun ends every rank once one exits and a
-    rank 0 running late (a loaded node) would otherwise be ended before it prints. Anything else
-    keeps its traceback: it is a fault or a bug, not a setting to change.
+    rank 0 running late (a loaded node) would otherwise be ended before it prints. Dataset
+    helpers that neither import nor build are found by each rank alone (no collective), so each
+    rank prints that line itself. Anything else keeps its traceback: it is a fault or a bug, not
+    a setting to change.
     """
     import os
 
     from megatron_packing.data import BadRecordError, CorruptStoreError
+    from megatron_packing.megatron.dataset_helpers import DatasetHelpersUnavailable
     from megatron_packing.megatron_lm.arguments import MegatronArgumentError
     from megatron_packing.megatron_lm.data import LoaderStateMissing
 
     try:
         return main(argv, program_start=program_start)
+    except DatasetHelpersUnavailable as error:  # found by each rank alone: each one says it
+        rank = os.environ.get("RANK", "0")
+        print(f"megatron_packing.megatron_lm [rank {rank}]: error: {error}", file=sys.stderr,
+              flush=True)
+        return 2
     except (ConfigError, MegatronArgumentError, LoaderStateMissing, BadRecordError,
             CorruptStoreError) as error:
         if os.environ.get("RANK", "0") == "0":

@@ -183,21 +183,3 @@ def test_padding_never_changes_a_real_tokens_loss():
     assert done.returncode == 0, done.stderr[-3000:]
     worst = float(done.stdout.split("worst")[-1])
     assert np.isfinite(worst) and worst <= 1e-5
-
-
-# --------------------------------------------------------------------------- the device runner
-RUNNER = PROJECT / "benchmarks" / "gpu_device_run.sh"
-
-
-@pytest.mark.parametrize(("args", "message"), [
-    ([], "usage:"),
-    (["/nonexistent/megatron_core.whl"], "no wheel at /nonexistent/megatron_core.whl"),
-    (["README.md"], "README.md is not a wheel (.whl) file"),
-])
-def test_device_runner_refuses_missing_or_wrong_wheels(tmp_path, args, message):
-    done = subprocess.run(["bash", str(RUNNER), *args], capture_output=True, text=True,
-                          timeout=60, cwd=PROJECT, env={"PATH": "/usr/bin:/bin",
-                                                        "OUT": str(tmp_path / "out")})
-    assert done.returncode == 2
-    assert message in done.stderr
-    assert not (tmp_path / "out").exists()  # refused before anything ran

@@ -5,32 +5,36 @@ Megatron-LM targets CUDA. The integration's tests drive its real entry points
 the schedules) on CPU with gloo, so the places where it assumes a GPU are answered here, from
 outside, and only when no CUDA device exists. Nothing of this ships in the library.
 
-Each shim and the stop it passes:
+Each shim and the stop it passes; its last line names the GPU code path it stands in for and the
+test that covers the library's own side of it (the GPU tier is ``tests/gpu``, docs/gpu.md).
 
 1. ``torch.cuda.current_device`` answers ``"cpu"``; ``torch.cuda.Stream`` / ``stream`` /
-   ``current_stream`` / ``synchronize`` / ``empty_cache``, ``Module.cuda`` and ``Tensor.cuda`` become
-   no-ops
-   (``get_model`` moves the model to the GPU, tied embeddings under PP move there to be summed,
-   and ``get_model`` wraps DDP construction in a side stream; timers
-   synchronize). The checkpoint's CUDA RNG state is the CPU generator's (nothing here draws from
-   a CUDA generator).
+   ``current_stream`` / ``synchronize`` / ``empty_cache``, ``Module.cuda`` and ``Tensor.cuda``
+   become no-ops (``get_model`` moves the model to the GPU, tied embeddings under PP move there to
+   be summed, and ``get_model`` wraps DDP construction in a side stream; timers synchronize). The
+   checkpoint's CUDA RNG state is the CPU generator's (nothing here draws from a CUDA generator).
+   GPU: model, DDP, timers and the checkpoint's RNG on the device; covered: tests/gpu/test_gpu_entry_point.py (all three).
 2. ``_initialize_distributed`` skips model-parallel set-up when no GPU is counted: the shim runs
    megatron-core's ``initialize_model_parallel`` with the parsed sizes right after it.
-3. ``_compile_dependencies`` builds the dataset helpers with ``make`` and fused kernels with nvcc;
-   neither is used by this loop, so it is skipped.
-4. ``_set_random_seed`` seeds the CUDA RNG tracker only with a GPU; the shim initialises the
+   GPU: Megatron's own model-parallel set-up; covered: tests/gpu/test_gpu_entry_point.py (size 1; no library code).
+3. ``_set_random_seed`` seeds the CUDA RNG tracker only with a GPU; the shim initialises the
    tensor-parallel RNG tracker directly, as megatron-core's CPU tests do.
-5. The local ``DotProductAttention`` refuses ``context_parallel_size > 1`` (CP attention needs
+   GPU: ``model_parallel_cuda_manual_seed``; covered: tests/gpu/test_gpu_entry_point.py::test_a_run_killed_after_its_checkpoint_resumes_as_the_uninterrupted_run.
+4. The local ``DotProductAttention`` refuses ``context_parallel_size > 1`` (CP attention needs
    Transformer Engine). On CPU every CP rank attends over the whole packed row with the exact
    block-diagonal mask and trains only its CP share of the tokens, so the model is built with a
    CP size of 1 while the process groups keep CP = 2.
-7. Argument validation asks the GPU's architecture when TP > 1; the shim answers 9 (Hopper).
-8. megatron-core 0.16's MoE router tests ``te_general_gemm is not None``, a name its module
+   GPU: TE's THD attention on the rank's CP slice (`forward._forward_thd`); covered (CPU only: CP needs TE and 2 GPUs): tests/megatron_lm/test_lm_batch.py::test_cp_slices_split_loss_tokens_and_merge_back.
+5. Argument validation asks the GPU's architecture when TP > 1; the shim answers 9 (Hopper).
+   GPU: ``get_device_arch_version`` (Megatron's, no library code); covered: tests/megatron_lm/test_parallelism.py::test_tp2_and_cp2_reproduce_the_single_process_run.
+6. megatron-core 0.16's MoE router tests ``te_general_gemm is not None``, a name its module
    defines only when Transformer Engine imports; without it the name is bound to None, which
    is what that test means (the entry point refuses MoE in that case outside the tests).
-6. Tensor factories that name ``device="cuda"`` (the optimizer's loss scale, the schedules'
+   GPU: the router on TE's GEMM; covered: tests/megatron_lm/test_arguments.py::test_moe_is_refused_where_megatron_cores_router_cannot_run.
+7. Tensor factories that name ``device="cuda"`` (the optimizer's loss scale, the schedules'
    token counters, DDP buffers) are redirected to the CPU for the whole process by entering the
    library's ``cuda_factories_on_cpu`` mode once.
+   GPU: those tensors on the device, the library's mode a no-op; covered: tests/gpu/test_gpu_workarounds.py::test_the_cpu_workarounds_change_nothing_where_cuda_exists.
 """
 
 from __future__ import annotations
@@ -94,7 +98,6 @@ def _patch_initialize() -> None:
 
     initialize._initialize_distributed = initialize_distributed
     initialize._set_random_seed = set_random_seed
-    initialize._compile_dependencies = lambda: None
 
 
 def _patch_device_queries() -> None:

@@ -103,10 +103,12 @@ class Run:
 
 
 def read_records(log_dir: Path) -> dict[int, list[dict]]:
+    """Each rank's records; a last line that a kill cut short is left out."""
     records = {}
     for path in sorted(log_dir.glob("steps_rank*.jsonl")):
         rank = int(path.stem.removeprefix("steps_rank"))
-        records[rank] = [json.loads(line) for line in path.read_text().splitlines() if line]
+        records[rank] = [json.loads(line) for line in path.read_text().splitlines()
+                         if line.endswith("}")]
     return records
 
 

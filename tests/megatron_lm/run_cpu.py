@@ -2,9 +2,10 @@
 
 ``MEGATRON_PACKING_JOB_STARTED_S_AGO`` says how long ago the job started, for
 ``--exit-duration-in-mins`` (a job whose clock is already near its limit).
-``MEGATRON_PACKING_TEST_FLOAT64=1`` builds the model in float64 (Megatron has no flag for it):
-equivalence tests then compare sums whose rounding is far below their tolerance. The ``__main__``
-guard matters: torch_dist's checkpoint writer starts helper processes that re-import this file.
+``MEGATRON_PACKING_TEST_HIDE_HELPERS=1`` makes megatron-core's compiled dataset helpers fail to
+import, as on an install without them. ``MEGATRON_PACKING_TEST_FLOAT64=1`` builds the model in
+float64 (Megatron has no flag for it): equivalence tests then compare sums whose rounding is far
+below their tolerance. The ``__main__`` guard matters: torch_dist's checkpoint writer starts helper processes that re-import this file.
 """
 
 import os
@@ -15,8 +16,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def run() -> int:
+    from megatron_packing.megatron_lm.__main__ import start
+
+    start(sys.argv[1:])  # as `python -m megatron_packing.megatron_lm`: before Megatron's imports
     import cpu_shims
 
+    if os.environ.get("MEGATRON_PACKING_TEST_HIDE_HELPERS") == "1":
+        sys.modules["megatron.core.datasets.helpers_cpp"] = None  # as if they did not import
     cpu_shims.apply()
     if os.environ.get("MEGATRON_PACKING_TEST_FLOAT64") == "1":
         _params_in_float64()

@@ -135,3 +135,27 @@ def test_a_resumed_run_keeps_the_budget_change(budgeted, tmp_path):
         assert [(s["iteration"], s["examples"], s["max_tokens"], s["lr"]) for s in got] == \
             [(s["iteration"], s["examples"], s["max_tokens"], s["lr"]) for s in want]
         assert [s["loss"] for s in got] == [s["loss"] for s in want]  # bit for bit
+
+
+def test_a_resume_on_one_rank_plans_the_rest_at_that_size(budgeted, tmp_path):
+    """The DP-2 run's iteration-3 checkpoint continued at DP 1: each step trains the same global
+    batch (the same loss, in float64), now as one rank's token-budget blocks; the budget change
+    still lands at its step."""
+    resumed = launch(1, _args(budgeted.yaml, "--load", str(budgeted.save), "--ckpt-step", "3",
+                              "--save", str(tmp_path / "ckpt"), "--save-interval", "100",
+                              "--packing-budget-file",
+                              str(budgeted.save / "token_budget.json")),
+                     tmp_path / "log", env=FLOAT64)
+    assert resumed.returncode == 0, resumed.output[-4000:]
+    assert "saved at data-parallel size 2, now 1" in resumed.output
+    got = resumed.steps(0)
+    want = list(zip(budgeted.steps(0)[3:], budgeted.steps(1)[3:], strict=True))
+    assert [s["iteration"] for s in got] == list(range(4, ITERS + 1))
+    for mine, (rank0, rank1) in zip(got, want, strict=True):
+        assert _trained(mine) == sorted(_trained(rank0) + _trained(rank1))
+        assert mine["max_tokens"] == rank0["max_tokens"]
+        assert mine["lr"] == rank0["lr"]
+        assert mine["consumed_train_samples"] == rank0["consumed_train_samples"]
+        assert mine["loss"] == pytest.approx(rank0["loss"], rel=1e-6)
+        for b, L in zip(mine["block_rows"], mine["row_lengths"], strict=True):
+            assert b * L <= mine["max_tokens"] or b == 1
