@@ -1,6 +1,6 @@
 """How the planner's outcome moves when each tuned constant is halved and doubled.
 
-Every field of `PlannerTunables` (megatron_packing/packing/planner/tunables.py) is set to half
+Every field of `PlannerTunables` (megatron_packing/packing/tunables.py) is set to half
 and to twice its default in turn (integers: half rounded down, at least 0 or 1 as the field
 allows), on a few geometries of the shipped mixed pool, variation 0.05, MFFD. Per run: bins,
 steps aligned, per-step token CV, modeled step-time CV, plan ms median, as the change from the
@@ -26,7 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import Report  # noqa: E402
 
 from megatron_packing.packing import rebin  # noqa: E402
-from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES, PlannerTunables  # noqa: E402
+from megatron_packing.packing.planner.sizer import (  # noqa: E402
+    DEFAULT_LOOKAHEAD_STEPS,
+    DEFAULT_MAX_PACKS,
+)
+from megatron_packing.packing.tunables import DEFAULT_TUNABLES, PlannerTunables  # noqa: E402
 from megatron_packing.reports.pools import find_pool_dir, load_pools, mixed_stream  # noqa: E402
 from megatron_packing.reports.simulation import SimulationResult, simulate  # noqa: E402
 
@@ -44,15 +48,18 @@ def scaled(value: int | float | None, factor: float) -> int | float | None:
     return max(0, int(value * factor)) if factor < 1 else int(value * factor)
 
 
+PLANNER_SETTINGS = {"lookahead_steps": DEFAULT_LOOKAHEAD_STEPS, "max_packs": DEFAULT_MAX_PACKS}
+"""The planner's settings swept beside `PlannerTunables` (`PlannerConfig` fields)."""
+
+
 def run(lengths, batch: int, capacity: int, dp: int, steps: int, deferred: int,
-        tunables: PlannerTunables) -> SimulationResult:
+        tunables: PlannerTunables, **settings) -> SimulationResult:
     saved = rebin.DEFAULT_TUNABLES
     rebin.DEFAULT_TUNABLES = tunables  # the packers' repair budget
     try:
         return simulate(lengths, batch_size=batch, capacity=capacity, dp_size=dp, steps=steps,
-                        align=True, max_packs=tunables.max_packs,
-                        lookahead_steps=tunables.lookahead_steps,
-                        max_deferred_examples=deferred, tunables=tunables)
+                        align=True, max_deferred_examples=deferred, tunables=tunables,
+                        **{**PLANNER_SETTINGS, **settings})
     finally:
         rebin.DEFAULT_TUNABLES = saved
 
@@ -65,7 +72,7 @@ def main() -> None:
     args = parser.parse_args()
     report = Report(args.out)
     pools = load_pools(find_pool_dir())
-    names = [f.name for f in fields(PlannerTunables)]
+    names = [*PLANNER_SETTINGS, *(f.name for f in fields(PlannerTunables))]
     if args.fields:
         names = [n for n in names if n in args.fields.split(",")]
     report.print("Change from the defaults when one constant is halved (x0.5) or doubled (x2). "
@@ -85,7 +92,8 @@ def main() -> None:
                      "| x2 | bins | aligned | token CV | step-time CV | ms |")
         report.print("|---" * 15 + "|")
         for name in names:
-            default = getattr(DEFAULT_TUNABLES, name)
+            default = (PLANNER_SETTINGS[name] if name in PLANNER_SETTINGS
+                       else getattr(DEFAULT_TUNABLES, name))
             if name == "defer_tries" and not deferred:
                 continue  # only deferral reads it
             cells = [name, str(default)]
@@ -93,8 +101,12 @@ def main() -> None:
                 value = scaled(default, factor)
                 if name in ("lookahead_steps", "max_packs", "defer_tries") and value is not None:
                     value = max(1, int(value))
-                tuned = replace(DEFAULT_TUNABLES, **{name: value})
-                result = run(lengths, batch, capacity, dp, steps, deferred, tuned)
+                if name in PLANNER_SETTINGS:
+                    result = run(lengths, batch, capacity, dp, steps, deferred, DEFAULT_TUNABLES,
+                                 **{name: value})
+                else:
+                    result = run(lengths, batch, capacity, dp, steps, deferred,
+                                 replace(DEFAULT_TUNABLES, **{name: value}))
                 cells += [f"{value:g}" if isinstance(value, float) else str(value),
                           f"{result.bins - base.bins:+d}",
                           f"{result.aligned_steps - base.aligned_steps:+d}",

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_held_out_geometries import GEOMETRIES, MIXES, STEPS  # noqa: E402
 from report import Report  # noqa: E402
 
-from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES, PlannerTunables  # noqa: E402
+from megatron_packing.packing.tunables import DEFAULT_TUNABLES, PlannerTunables  # noqa: E402
 from megatron_packing.reports.pools import find_pool_dir, load_pools, mixed_stream  # noqa: E402
 from megatron_packing.reports.simulation import SimulationResult, simulate  # noqa: E402
 

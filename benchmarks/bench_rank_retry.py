@@ -39,8 +39,8 @@ import megatron_packing.packing.hand_out as hand_out_module  # noqa: E402
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler  # noqa: E402
 from megatron_packing.packing.balance import sequence_cost  # noqa: E402
 from megatron_packing.packing.hand_out import hand_out  # noqa: E402
-from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES  # noqa: E402
 from megatron_packing.packing.rank_bound import slowest_rank_bound  # noqa: E402
+from megatron_packing.packing.tunables import DEFAULT_TUNABLES  # noqa: E402
 from megatron_packing.reports.pools import find_pool_dir, load_pools, mixed_stream  # noqa: E402
 
 STUDY = ((1024, 65536, 4), (1024, 65536, 8), (256, 16384, 8), (512, 32768, 16),

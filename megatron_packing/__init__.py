@@ -9,10 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from megatron_packing.common.moved_modules import install as _refuse_moved_modules
-
 __version__ = "0.1.0"
-_refuse_moved_modules()
 
 _EXPORTS: dict[str, str] = {
     # packing core (numpy only)

@@ -1,6 +1,7 @@
 """Keys that only one loader mode reads: refused, or warned about, in the other mode.
 
-A key the chosen mode never reads must not be accepted without a word. Per key, one of:
+A key the chosen mode never reads must not be accepted without a word. Its `YAML_KEYS` row says
+which mode reads it; per key, one of:
 
 - **refused** in packed mode: ``max_tokens_per_microbatch`` and ``micro_batch_size``. Packed
   mode's micro-batch is one bin of ``bin_capacity`` tokens; a user who sets Megatron's
@@ -18,16 +19,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from megatron_packing.common.validation import ConfigError
+from megatron_packing.config.components import YAML_KEYS
 
-PADDED_ONLY_KEYS = ("max_tokens_per_microbatch", "micro_batch_size")
+PADDED_ONLY_KEYS = tuple(key for key, row in YAML_KEYS.items() if row.mode == "padded")
 """Refused when ``use_sequence_packing`` is true."""
 
-PACKED_ONLY_KEYS = (
-    "bin_capacity", "packing_batch_size_allowed_variation", "packing_algorithm",
-    "oversize_policy", "tp_size", "cp_size", "fp8_enabled", "fp8_recipe", "rank_assignment",
-    "attention_cost_constant", "microbatch_cost_tokens", "pad_bins_to_capacity", "lookahead_steps",
-    "max_deferred_examples",
-)
+PACKED_ONLY_KEYS = tuple(key for key, row in YAML_KEYS.items() if row.mode == "packed")
 """Warned about (once per file and key) when ``use_sequence_packing`` is false."""
 
 

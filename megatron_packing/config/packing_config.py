@@ -21,28 +21,25 @@ from megatron_packing.config.components import (
     YAML_KEYS,
     CollatorConfig,
     LoaderConfig,
-    PackedSamplerConfig,
     PackerConfig,
     PaddedConfig,
-    PaddedSamplerConfig,
     PlannerConfig,
 )
-from megatron_packing.config.key_attributes import YamlKeyAttributes
 from megatron_packing.config.mode_keys import check_mode_keys
 from megatron_packing.config.yaml_io import check_mapping, read_yaml_mapping, unknown_key_message
 from megatron_packing.packing.alignment import Alignment
 
 
 @dataclass(frozen=True, init=False)
-class PackingConfig(YamlKeyAttributes):
+class PackingConfig:
     """Dataloader settings: five validated components; the flat YAML keys read and set them.
 
     Build it from YAML keys (``PackingConfig(global_batch_size=64, bin_capacity=2048)``, or
     `from_dict`), from components (``PackingConfig(planner=PlannerConfig(...))``), or both (the
-    keys then change the given components). Read a key as an attribute (``config.seed``, one
-    typed property per key: `YamlKeyAttributes`); change keys with `with_keys`. The defaults
-    below are the YAML's: B and C have no library default (a sampler must be told them), and the
-    YAML opts in to DP alignment, which a sampler built on its own does unless told not to.
+    keys then change the given components). Read a key as an attribute (``config.seed``: the
+    component field its `YAML_KEYS` row names); change keys with `with_keys`. The defaults below
+    are the YAML's: B and C have no library default (a sampler must be told them), and the YAML
+    opts in to DP alignment, which a sampler built on its own does unless told not to.
     """
 
     loader: LoaderConfig = LoaderConfig()
@@ -61,8 +58,8 @@ class PackingConfig(YamlKeyAttributes):
             message = unknown_key_message(key, YAML_KEYS, "packing key")
             if message:
                 raise TypeError(f"PackingConfig got an {message}")
-            component, name = YAML_KEYS[key]
-            changes[component][name] = value
+            row = YAML_KEYS[key]
+            changes[row.component][row.field] = value
         for name, cls in COMPONENTS.items():
             part = given[name]
             if part is None:
@@ -81,6 +78,14 @@ class PackingConfig(YamlKeyAttributes):
                 "align_packing_bins_to_dp: true needs use_sequence_packing: true "
                 "(bins only exist when examples are packed)")
 
+    def __getattr__(self, key: str) -> Any:
+        """A YAML key's value, read from the component field its `YAML_KEYS` row names."""
+        row = YAML_KEYS.get(key)
+        if row is None:
+            raise AttributeError(f"PackingConfig has no attribute {key!r} (its YAML keys: "
+                                 f"{', '.join(YAML_KEYS)})")
+        return getattr(getattr(self, row.component), row.field)
+
     # ---------------------------------------------------------------- derived values
     @property
     def v(self) -> int:
@@ -90,21 +95,6 @@ class PackingConfig(YamlKeyAttributes):
     @property
     def alignment(self) -> Alignment:
         return self.packer.alignment
-
-    def packed_sampler_config(self, dp_size: int, *, seed: int | None = None,
-                              eval_mode: bool = False) -> PackedSamplerConfig:
-        """What the packed sampler takes; ``seed`` (None: the config's) orders the examples."""
-        return PackedSamplerConfig(packer=self.packer, planner=self.planner, dp_size=dp_size,
-                                   seed=self.loader.seed if seed is None else seed,
-                                   eval_mode=eval_mode)
-
-    def padded_sampler_config(self, dp_size: int, *, seed: int | None = None,
-                              eval_mode: bool = False) -> PaddedSamplerConfig:
-        """What the padded sampler takes; ``seed`` (None: the config's) orders the examples."""
-        return PaddedSamplerConfig(global_batch_size=self.planner.batch_size, dp_size=dp_size,
-                                   padded=self.padded,
-                                   seed=self.loader.seed if seed is None else seed,
-                                   eval_mode=eval_mode)
 
     # ---------------------------------------------------------------- validation
     def validate(self, dp_size: int | None = None) -> PackingConfig:
@@ -140,8 +130,8 @@ class PackingConfig(YamlKeyAttributes):
 
     def to_dict(self) -> dict[str, Any]:
         """The flat YAML keys and their values."""
-        return {key: getattr(getattr(self, component), name)
-                for key, (component, name) in YAML_KEYS.items()}
+        return {key: getattr(getattr(self, row.component), row.field)
+                for key, row in YAML_KEYS.items()}
 
 
 _DEFAULT_KEYS = PackingConfig().to_dict()

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from megatron_packing.common.config_fields import MAX_SEED
 from megatron_packing.common.validation import (
     require_bool,
     require_choice,
@@ -29,7 +30,6 @@ from megatron_packing.config import (
     dataclass_from_mapping,
     read_yaml_mapping,
 )
-from megatron_packing.config.components import MAX_SEED
 
 WANDB_MODES = ("offline", "online", "disabled")
 DTYPES = ("float32", "float64")
@@ -109,11 +109,6 @@ class TrainingConfig:
 
 
 _SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "logging": LoggingConfig}
-_REMOVED_KEYS = {
-    ("train", "seed"): "the example order's seed is packing.seed (one seed, used by the "
-                       "sampler) and the initial weights' seed is model.init_seed; "
-                       "move the value to packing.seed",
-}
 
 
 class _Checker:
@@ -251,11 +246,6 @@ def check_paths_exist(cfg: TrainingConfig, source: str = "config") -> None:
 def _section(cls: type, values: Any, name: str, source: str) -> Any:
     if values is None:
         return cls()
-    if isinstance(values, dict):
-        for key in values:
-            if (name, key) in _REMOVED_KEYS:
-                raise ConfigError(f"{source}: {name}.{key} is not a key any more: "
-                                  f"{_REMOVED_KEYS[(name, key)]}")
     return dataclass_from_mapping(cls, values, source=source, what=f"{name} key")
 
 

@@ -9,13 +9,19 @@ loader with another ``num_workers``; a state from another setup, or an empty one
 
 from __future__ import annotations
 
-from typing import Any, Unpack
+from dataclasses import dataclass
+from typing import Any
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from megatron_packing.common.validation import require_int
-from megatron_packing.config import PackingConfig, WorkerConfig, config_or_keywords
-from megatron_packing.config.keywords import WorkerKeywords
+from megatron_packing.common.config_fields import check_field
+from megatron_packing.common.validation import (
+    ConfigError,
+    require_bool,
+    require_int,
+    require_positive_int,
+)
+from megatron_packing.config import PackingConfig
 from megatron_packing.loader.state import (
     sampler_state,
     saved_worker_count,
@@ -28,6 +34,43 @@ from megatron_packing.packed.components import (
 )
 from megatron_packing.padded.components import build_padded_components
 from megatron_packing.stream.state_checks import saved_dp_size
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """The DataLoader's worker options (``build_sft_dataloader``'s keywords of the same names)."""
+
+    num_workers: int = 0
+    persistent_workers: bool = False
+    prefetch_factor: int | None = None
+    pin_memory: bool = False
+    multiprocessing_context: Any = None
+
+    def __post_init__(self) -> None:
+        check_field(self, "num_workers", require_int, minimum=0)
+        check_field(self, "persistent_workers", require_bool)
+        check_field(self, "prefetch_factor", require_positive_int, allow_none=True)
+        check_field(self, "pin_memory", require_bool)
+        if self.num_workers == 0:  # these only shape worker processes: without any, no effect
+            for name, unset in (("prefetch_factor", None), ("persistent_workers", False),
+                                ("multiprocessing_context", None)):
+                if getattr(self, name) != unset:
+                    raise ConfigError(
+                        f"{name}={getattr(self, name)!r} only applies to loader worker "
+                        f"processes, but num_workers is 0 (the main process loads); set "
+                        f"num_workers >= 1, or remove {name}")
+
+    def loader_options(self) -> dict[str, Any]:
+        """Keywords for the DataLoader; the worker-only ones only when there are workers."""
+        options: dict[str, Any] = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
+        if self.num_workers > 0:
+            options["persistent_workers"] = self.persistent_workers
+            if self.prefetch_factor is not None:
+                options["prefetch_factor"] = self.prefetch_factor
+            if self.multiprocessing_context is not None:
+                options["multiprocessing_context"] = self.multiprocessing_context
+        return options
+
 
 GLOBAL_STATE_VERSION = 1
 GLOBAL_STATE_KEYS = ("version", "dp_size", "num_workers", "sampler")
@@ -138,8 +181,11 @@ def build_sft_dataloader(
     total_steps: int | None = None,
     eval_mode: bool = False,
     base_sampler: Any = None,
-    workers: WorkerConfig | None = None,
-    **worker_options: Unpack[WorkerKeywords],
+    num_workers: int = 0,
+    persistent_workers: bool = False,
+    prefetch_factor: int | None = None,
+    pin_memory: bool = False,
+    multiprocessing_context: Any = None,
 ) -> StatefulDataLoader:
     """A `StatefulDataLoader` yielding this rank's batches, one optimizer step per item.
 
@@ -147,12 +193,13 @@ def build_sft_dataloader(
     Padded mode (``use_sequence_packing: false``) yields padded micro-batches filled up to
     ``max_tokens_per_microbatch`` tokens, or of ``micro_batch_size`` examples when unset.
     ``total_steps`` is the run's horizon: the last scheduled step repays the batch-size drift.
-    The worker options are ``workers`` or its fields as keywords (``num_workers``,
-    ``persistent_workers``, ``prefetch_factor``, ``pin_memory``, ``multiprocessing_context``).
+    The worker options are the DataLoader's (`WorkerConfig` checks them: one that only shapes
+    worker processes is refused without workers).
     """
     config.validate(dp_size)
     require_int("dp_rank", dp_rank, minimum=0, maximum=dp_size - 1)
-    workers = config_or_keywords(WorkerConfig, workers, worker_options, owner="build_sft_dataloader")
+    workers = WorkerConfig(num_workers, persistent_workers, prefetch_factor, pin_memory,
+                           multiprocessing_context)
     check_not_empty(dataset)
     if base_sampler is not None and not hasattr(base_sampler, "__len__"):
         raise ValueError(
@@ -168,4 +215,4 @@ def build_sft_dataloader(
                              **workers.loader_options())
 
 
-__all__ = ["PackingDataLoader", "build_sft_dataloader"]
+__all__ = ["PackingDataLoader", "WorkerConfig", "build_sft_dataloader"]

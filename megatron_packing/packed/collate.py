@@ -1,24 +1,31 @@
 """Plan + fetched examples -> a step of packed micro-batches (THD layout, torch tensors).
 
-The collator never packs nor lays out: the sampler's plan already says which examples share a
-bin and where each goes in its row (`RowLayout`). One bin becomes one micro-batch. A rank whose
-share of the step holds fewer real bins than the step's micro-batch count receives placeholder
-rows: valid, minimal-length rows with zero loss.
+With the stateful sampler (the fast path) the collator neither packs nor lays out: the plan
+already says which examples share a bin and where each goes in its row (`RowLayout`). Given a
+plain list of examples and no plan (a sampler of the user's own), a collator built with a
+`PackingConfig` plans that one step itself (`given_step.plan_given_step`: the same packer factory,
+alignment, rounding to dp and hand-out) and then writes it the same way. One bin becomes one
+micro-batch. A rank whose share of the step holds fewer real bins than the step's micro-batch
+count receives placeholder rows: valid, minimal-length rows with zero loss.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from itertools import chain
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from megatron_packing.common.plan_types import RowLayout, StepMetadata
-from megatron_packing.config.components import CollatorConfig, config_or_keywords
-from megatron_packing.config.keywords import CollatorKeywords
+from megatron_packing.common.validation import require_int, require_positive_int
+from megatron_packing.packed.given_step import plan_given_step
 from megatron_packing.stream.fetch import FetchedExampleError
+
+if TYPE_CHECKING:
+    from megatron_packing.config import PackingConfig
 
 
 @dataclass
@@ -63,43 +70,63 @@ class PackedBatch:
 
 
 class PackedCollator:
-    """Writes a planned step's fetched examples into this rank's `PackedBatch`.
+    """Writes a step's fetched examples into this rank's `PackedBatch`.
 
     Examples are mappings with ``input_ids`` and, optionally, ``loss_mask`` (1 on tokens the
     model should learn to produce; absent means every token). The label at position t is the
-    next token of the same sequence, trained on when the mask marks that next token. Where each
-    sequence goes is the plan's (`StepPlan.layouts`): the collator computes no lengths, and
-    refuses an example whose token count differs from the one planned.
+    next token of the same sequence, trained on when the mask marks that next token.
+
+    - Examples fetched with a `DPAlignedPackingBatchSampler` plan (`PlannedDataset`): each goes
+      where the plan lays it out; the collator computes no lengths, and refuses an example whose
+      token count differs from the one planned.
+    - A plain list of examples (any batch sampler): with ``packing`` (its packer, alignment,
+      oversize policy, rank assignment and cost model) the collator packs them itself, in one
+      step of exactly these examples; with ``dp_size`` the bin count is a multiple of dp (empty
+      bins become zero-loss placeholder rows) and ``dp_rank`` keeps that rank's bins (None: all).
+      ``micro_batch.example_indices`` then are positions in the list.
     """
 
-    def __init__(self, *removed: Any, config: CollatorConfig | None = None,
-                 **settings: Unpack[CollatorKeywords]) -> None:
-        """``config`` (or its fields as keywords: ``pad_token_id``) says what padding holds."""
-        if removed:
-            raise TypeError(
-                "PackedCollator no longer takes an alignment or a bin capacity: the sampler's "
-                "plan lays out every row (StepPlan.layouts). Build it as "
-                "PackedCollator(pad_token_id=...) or PackedCollator(config=CollatorConfig(...))")
-        if "pad_bins_to_capacity" in settings:
-            raise TypeError(
-                "pad_bins_to_capacity is the sampler's setting now (the plan's row lengths are "
-                "final): pass it to DPAlignedPackingBatchSampler(..., pad_bins_to_capacity=...) "
-                "or set it in PackerConfig / the YAML's packing section")
-        config = config_or_keywords(CollatorConfig, config, settings, owner="PackedCollator")
-        self.config = config
-        self.pad_token_id = config.pad_token_id
+    def __init__(self, pad_token_id: int = 0, *, packing: PackingConfig | None = None,
+                 dp_size: int = 1, dp_rank: int | None = None) -> None:
+        self.pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0, error=ValueError)
+        self.packing = packing
+        self.dp_size = require_positive_int("dp_size", dp_size, error=ValueError)
+        self.dp_rank = require_int("dp_rank", dp_rank, minimum=0, maximum=self.dp_size - 1,
+                                   allow_none=True, error=ValueError)
 
     def __call__(self, fetched: Any) -> PackedBatch:
         plan = getattr(fetched, "plan", None)
         if plan is None:
-            raise TypeError(
-                "PackedCollator needs examples fetched through PlannedDataset with a "
-                "DPAlignedPackingBatchSampler (the plan travels with the indices)"
-            )
+            return self._pack_given(fetched)
         rank = fetched.dp_rank
         ids = range(plan.num_bins) if rank is None else plan.rank_bins[rank]
         rows = [(plan.bins[b], plan.layouts[b]) for b in ids]
         micro_batches = self._fill(rows, fetched.by_index(), plan.truncated)
+        return PackedBatch(micro_batches=micro_batches, meta=step_metadata(plan))
+
+    def _pack_given(self, examples: Any) -> PackedBatch:
+        """A plain list of examples, planned here as one step (see the class docstring)."""
+        if self.packing is None:
+            raise TypeError(
+                "PackedCollator got examples without a plan: build it with "
+                "PackedCollator(packing=PackingConfig(...), dp_size=..., dp_rank=...) to pack "
+                "them itself, or fetch them through PlannedDataset with a "
+                "DPAlignedPackingBatchSampler (the plan travels with the indices)")
+        given = list(examples)
+        for position, example in enumerate(given):
+            if not isinstance(example, Mapping) or "input_ids" not in example:
+                raise TypeError(f"PackedCollator: example {position} is a "
+                                f"{type(example).__name__} without input_ids; give mappings "
+                                "with input_ids (and loss_mask)")
+        lengths = [len(example["input_ids"]) for example in given]
+        plan = plan_given_step(lengths, None, packer=self.packing.packer,
+                               planner=self.packing.planner, dp_size=self.dp_size)
+        counts = [_targets(example, plan.truncated.get(i, lengths[i]))
+                  for i, example in enumerate(given)]
+        plan = replace(plan, num_loss_tokens=sum(counts))
+        ids = range(plan.num_bins) if self.dp_rank is None else plan.rank_bins[self.dp_rank]
+        rows = [(plan.bins[b], plan.layouts[b]) for b in ids]
+        micro_batches = self._fill(rows, dict(enumerate(given)), plan.truncated)
         return PackedBatch(micro_batches=micro_batches, meta=step_metadata(plan))
 
     def _fill(self, rows: list[tuple[tuple[int, ...], RowLayout]], examples: dict[int, Any],
@@ -176,6 +203,12 @@ class PackedCollator:
         ints[1, start:end - 1] = ids[1:keep]
         mask = example.get("loss_mask") if isinstance(example, dict) else None
         loss[start:end - 1] = 1 if mask is None else np.asarray(mask)[1:keep]
+
+
+def _targets(example: Any, keep: int) -> int:
+    """Positions t >= 1 of the first ``keep`` tokens whose label is trained on."""
+    mask = example.get("loss_mask")
+    return keep - 1 if mask is None else int(np.asarray(mask)[1:keep].sum())
 
 
 def step_metadata(plan: Any) -> StepMetadata:

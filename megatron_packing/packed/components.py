@@ -6,9 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from megatron_packing.config import PackingConfig
+from megatron_packing.config import PackerConfig, PackingConfig
 from megatron_packing.packed.collate import PackedCollator
-from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
+from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler, PackedSamplerConfig
 from megatron_packing.stream.base_order import make_base_order
 from megatron_packing.stream.fetch import PlannedDataset, check_loss_targets
 
@@ -49,18 +49,30 @@ def example_lengths(dataset: Any) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(lengths_list, dtype=np.int64), np.asarray(counts_list, dtype=np.int64)
 
 
-def truncated_loss_counts(dataset: Any, sampler: DPAlignedPackingBatchSampler,
+def truncated_loss_counts(dataset: Any, packer: PackerConfig, lengths: np.ndarray,
                           counts: np.ndarray) -> np.ndarray:
-    """Loss-token counts after the ``truncate`` oversize policy cut some examples short."""
-    cut = np.nonzero(sampler.effective_lengths < sampler.lengths)[0]
+    """Loss-token counts after the ``truncate`` oversize policy cuts some examples short (the
+    packer's effective lengths), known before the sampler is built."""
+    if packer.oversize_policy != "truncate":
+        return counts
+    kept = np.asarray(packer.build().effective_lengths(lengths), dtype=np.int64)
+    cut = np.nonzero(kept < lengths)[0]
     if cut.size == 0:
         return counts
     counts = counts.copy()
     for index in cut:
-        keep = int(sampler.effective_lengths[index])
+        keep = int(kept[index])
         mask = dataset[int(index)].get("loss_mask")
         counts[index] = keep - 1 if mask is None else int(np.asarray(mask)[1:keep].sum())
     return counts
+
+
+def packed_sampler_config(config: PackingConfig, dp_size: int, *, seed: int | None = None,
+                          eval_mode: bool = False) -> PackedSamplerConfig:
+    """What the packed sampler plans with; ``seed`` (None: the config's) orders the examples."""
+    return PackedSamplerConfig(packer=config.packer, planner=config.planner, dp_size=dp_size,
+                               seed=config.loader.seed if seed is None else seed,
+                               eval_mode=eval_mode)
 
 
 def build_packing_sampler(
@@ -82,15 +94,13 @@ def build_packing_sampler(
     check_not_empty(dataset)
     lengths, counts = example_lengths(dataset)
     check_loss_targets(dataset, counts)
-    settings = config.packed_sampler_config(dp_size, seed=seed, eval_mode=eval_mode)
+    settings = packed_sampler_config(config, dp_size, seed=seed, eval_mode=eval_mode)
     if base_sampler is None:
         base_sampler = make_base_order(config.loader.order_kind(eval_mode), len(lengths),
                                        settings.seed)
-    sampler = DPAlignedPackingBatchSampler(base_sampler, lengths, config=settings, dp_rank=dp_rank,
-                                           total_steps=total_steps, loss_token_counts=counts)
-    if settings.packer.oversize_policy == "truncate":
-        sampler.loss_token_counts = truncated_loss_counts(dataset, sampler, counts)
-    return sampler
+    return settings.build(base_sampler, lengths, dp_rank=dp_rank, total_steps=total_steps,
+                          loss_token_counts=truncated_loss_counts(dataset, config.packer,
+                                                                  lengths, counts))
 
 
 def build_packed_components(
@@ -112,7 +122,7 @@ def build_packed_components(
     sampler = build_packing_sampler(dataset, config, dp_rank=dp_rank, dp_size=dp_size, seed=seed,
                                     total_steps=total_steps, eval_mode=eval_mode,
                                     base_sampler=base_sampler)
-    collator = PackedCollator(config=config.collator)
+    collator = PackedCollator(pad_token_id=config.collator.pad_token_id)
     return sampler, PlannedDataset(dataset), collator
 
 
@@ -121,5 +131,6 @@ __all__ = [
     "build_packing_sampler",
     "check_not_empty",
     "example_lengths",
+    "packed_sampler_config",
     "truncated_loss_counts",
 ]

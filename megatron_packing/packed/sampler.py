@@ -16,25 +16,27 @@ import math
 import time
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Unpack
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
+from megatron_packing.common.config_fields import (
+    check_field,
+    check_seed,
+    require_component,
+    split_settings,
+)
 from megatron_packing.common.plan_types import StepPlan, TupleSequence
-from megatron_packing.common.validation import require_int, require_positive_int
-from megatron_packing.config.components import PackedSamplerConfig, config_or_keywords
-from megatron_packing.config.keywords import PackedSamplerKeywords
+from megatron_packing.common.validation import require_bool, require_int, require_positive_int
+from megatron_packing.config.components import PackerConfig, PlannerConfig
 from megatron_packing.packed.layout import RowPlanner
 from megatron_packing.packing.balance import (
     bin_costs,
     imbalance,
 )
-from megatron_packing.packing.factory import make_sft_sequence_packer
 from megatron_packing.packing.hand_out import hand_out
 from megatron_packing.packing.planner.feasibility import alignment_remedy
-from megatron_packing.packing.planner.sizer import StepSizer
-from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES
 from megatron_packing.packing.planner.window import StepContext
 from megatron_packing.stream.base_order import EpochOrder
 from megatron_packing.stream.state_checks import (
@@ -72,6 +74,80 @@ class PlannedBatch(TupleSequence):
 
 
 
+@dataclass(frozen=True)
+class PackedSamplerConfig:
+    """Everything `DPAlignedPackingBatchSampler` plans with, besides the data and the rank."""
+
+    packer: PackerConfig
+    planner: PlannerConfig
+    dp_size: int
+    seed: int = 0
+    """Seeds the epochs of a random base sampler that has no generator of its own."""
+    eval_mode: bool = False
+    """A fixed batch size, never varied, for evaluation."""
+
+    def __post_init__(self) -> None:
+        require_component(self, "packer", PackerConfig)
+        require_component(self, "planner", PlannerConfig)
+        check_field(self, "dp_size", require_positive_int)
+        check_seed(self)
+        check_field(self, "eval_mode", require_bool)
+
+    @classmethod
+    def from_settings(cls, batch_size: int, dp_size: int, *, owner: str,
+                      **settings: Any) -> PackedSamplerConfig:
+        """The config of the sampler's keyword form: each flat setting is a field of
+        `PackerConfig`, `PlannerConfig` or this config (their defaults apply to the rest)."""
+        if "bin_capacity" not in settings:
+            raise TypeError(f"{owner} needs the keyword argument 'bin_capacity'")
+        packer, planner, mine = split_settings(
+            (PackerConfig, PlannerConfig, _Own), settings, owner=owner)
+        return cls(packer=PackerConfig(**packer),
+                   planner=PlannerConfig(batch_size=batch_size, **planner),
+                   dp_size=dp_size, **mine)
+
+    def settings(self) -> dict[str, Any]:
+        """The flat settings `from_settings` takes back (B and dp aside)."""
+        out = {f.name: getattr(self.packer, f.name) for f in fields(self.packer)}
+        out.update({f.name: getattr(self.planner, f.name) for f in fields(self.planner)
+                    if f.name != "batch_size"})
+        out.update(seed=self.seed, eval_mode=self.eval_mode)
+        return out
+
+    def build(self, sampler: Iterable[int], lengths: Sequence[int] | np.ndarray, *,
+              dp_rank: int | None = None, total_steps: int | None = None,
+              loss_token_counts: Sequence[int] | np.ndarray | None = None,
+              ) -> DPAlignedPackingBatchSampler:
+        """The sampler over ``sampler``'s order and ``lengths``, yielding ``dp_rank``'s steps
+        (None: the global batch)."""
+        return DPAlignedPackingBatchSampler(
+            sampler, lengths, self.planner.batch_size, self.dp_size, dp_rank=dp_rank,
+            total_steps=total_steps, loss_token_counts=loss_token_counts, **self.settings())
+
+    @property
+    def align_to_dp(self) -> bool:
+        """Alignment in force: evaluation keeps every step at B."""
+        return self.planner.align_to_dp and not self.eval_mode
+
+    @property
+    def v(self) -> int:
+        """v when steps align, else 0."""
+        return self.planner.v if self.align_to_dp else 0
+
+    @property
+    def max_deferred_examples(self) -> int:
+        """The deferral limit in force (only aligned steps defer)."""
+        return self.planner.max_deferred_examples if self.align_to_dp else 0
+
+
+@dataclass(frozen=True)
+class _Own:
+    """`PackedSamplerConfig`'s own flat settings (for `split_settings`)."""
+
+    seed: int = 0
+    eval_mode: bool = False
+
+
 @dataclass
 class PackedCursor:
     """Where one iterator stands in the packed stream (what `state_dict` saves)."""
@@ -95,34 +171,33 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
     Args:
         sampler: the base order (sequential, seeded random, or any sampler with ``len``).
         lengths: token length of every example, indexed by dataset index.
-        config: the packer, the planner, dp size, seed and evaluation (`PackedSamplerConfig`).
+        batch_size: B, examples per step on average.
+        dp_size: the data-parallel size.
         dp_rank: yield this rank's examples; None yields the global batch.
         total_steps: the run's scheduled steps; the drift is repaid by the last one.
         loss_token_counts: per example tokens trained on, so the plan knows the loss divisor.
+        settings: the packer's, the planner's and the sampler's settings by field name
+            (`PackerConfig`, `PlannerConfig`, ``seed``, ``eval_mode``; their defaults apply):
+            ``bin_capacity`` (required), ``allowed_variation``, ``tp_size``, ...
 
-    The keyword form ``DPAlignedPackingBatchSampler(sampler, lengths, batch_size, dp_size,
-    bin_capacity=..., allowed_variation=..., ...)`` builds the config from the fields of the same
-    names (`PackerConfig`, `PlannerConfig`, `PackedSamplerConfig`; their defaults apply).
+    `PackedSamplerConfig.build` makes one from a config.
     """
 
     def __init__(
         self,
         sampler: Iterable[int],
         lengths: Sequence[int] | np.ndarray,
-        batch_size: int | None = None,
-        dp_size: int | None = None,
+        batch_size: int,
+        dp_size: int,
         *,
-        config: PackedSamplerConfig | None = None,
         dp_rank: int | None = None,
         total_steps: int | None = None,
         loss_token_counts: Sequence[int] | np.ndarray | None = None,
-        **settings: Unpack[PackedSamplerKeywords],
+        **settings: Any,
     ) -> None:
-        keywords: dict[str, Any] = dict(settings)
-        given = {"batch_size": batch_size, "dp_size": dp_size}
-        keywords.update({name: value for name, value in given.items() if value is not None})
-        config = config_or_keywords(PackedSamplerConfig, config, keywords,
-                                    owner="DPAlignedPackingBatchSampler")
+        config = PackedSamplerConfig.from_settings(batch_size, dp_size,
+                                                   owner="DPAlignedPackingBatchSampler",
+                                                   **settings)
         packer, planner = config.packer, config.planner
         self.config = config
         self.dp_rank = require_int("dp_rank", dp_rank, minimum=0, maximum=config.dp_size - 1,
@@ -152,11 +227,7 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
         self.variation_fraction = planner.allowed_variation
         self.v = config.v
         self.alignment = packer.alignment
-        self.packer = make_sft_sequence_packer(  # dp rounding is the planner's (StepSizer)
-            self.bin_capacity, packer.tp_size, packer.cp_size, fp8_enabled=packer.fp8_enabled,
-            fp8_recipe=packer.fp8_recipe, algorithm=packer.algorithm,
-            oversize_policy=packer.oversize_policy,
-        )
+        self.packer = packer.build()  # dp rounding is the planner's (StepSizer)
         self.effective_lengths = np.asarray(self.packer.effective_lengths(self.lengths), dtype=np.int64)
         self.padded_lengths = self.alignment.padded_lengths(self.effective_lengths)
         self.row_planner = RowPlanner(self.alignment, self.bin_capacity,
@@ -176,10 +247,8 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
         self.microbatch_cost_tokens = planner.microbatch_cost_tokens
         self.max_deferred_examples = config.max_deferred_examples
         self.lookahead_steps = planner.lookahead_steps
-        tunables = replace(DEFAULT_TUNABLES, max_packs=planner.max_packs,
-                           lookahead_steps=self.lookahead_steps)
-        self.sizer = StepSizer(self.packer, self.dp_size, max_deferred=self.max_deferred_examples,
-                               tunables=tunables, microbatch_cost=self.microbatch_cost_tokens)
+        self.sizer = planner.build(self.packer, self.dp_size,
+                                   max_deferred=self.max_deferred_examples)
         self._fingerprint = self._make_fingerprint()
         self._fingerprint.update(self.order.fingerprint())
         self._init_stream()
@@ -437,5 +506,6 @@ def _as_lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
 
 __all__ = [
     "DPAlignedPackingBatchSampler",
+    "PackedSamplerConfig",
     "PlannedBatch",
 ]

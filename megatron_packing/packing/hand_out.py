@@ -34,9 +34,9 @@ from megatron_packing.packing.balance import (
     bin_costs,
     sequence_cost,
 )
-from megatron_packing.packing.planner.tunables import PlannerTunables
 from megatron_packing.packing.rank_bound import slowest_rank_bound
 from megatron_packing.packing.rebalance import rebalance_examples
+from megatron_packing.packing.tunables import PlannerTunables
 
 
 def hand_out(bins: Sequence[Sequence[int]], lengths: Sequence[int] | np.ndarray,

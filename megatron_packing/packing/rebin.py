@@ -22,7 +22,7 @@ from .fit import (
     group_by_bin,
     worst_fit_decreasing,
 )
-from .planner.tunables import DEFAULT_TUNABLES
+from .tunables import DEFAULT_TUNABLES
 
 
 def split_to_count(bins: list[list[int]], sizes: list[int], target: int) -> list[list[int]]:

@@ -24,8 +24,8 @@ from megatron_packing.packing.balance import (
     bin_costs,
 )
 from megatron_packing.packing.hand_out import hand_out
-from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES, PlannerTunables
 from megatron_packing.packing.rank_bound import slowest_rank_bound
+from megatron_packing.packing.tunables import DEFAULT_TUNABLES, PlannerTunables
 
 
 def _flatten(bin_lengths: Sequence[Sequence[int]]) -> tuple[np.ndarray, list[list[int]]]:

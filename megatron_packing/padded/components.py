@@ -8,7 +8,7 @@ import numpy as np
 
 from megatron_packing.config import PackingConfig
 from megatron_packing.padded.collate import PaddedCollator
-from megatron_packing.padded.sampler import TokenBudgetBatchSampler
+from megatron_packing.padded.sampler import PaddedSamplerConfig, TokenBudgetBatchSampler
 from megatron_packing.stream.base_order import make_base_order
 from megatron_packing.stream.fetch import PlannedDataset, check_loss_targets
 
@@ -45,17 +45,16 @@ def build_padded_components(
         check_loss_targets(dataset, np.asarray(targets, dtype=np.int64))
     else:
         check_loss_targets(dataset, loss_counts)
-    settings = config.padded_sampler_config(dp_size, seed=seed, eval_mode=eval_mode)
+    settings = PaddedSamplerConfig(global_batch_size=config.planner.batch_size, dp_size=dp_size,
+                                   padded=config.padded,
+                                   seed=config.loader.seed if seed is None else seed,
+                                   eval_mode=eval_mode)
     if base_sampler is None:
         base_sampler = make_base_order(config.loader.order_kind(eval_mode), len(dataset),
                                        settings.seed)
-    sampler = TokenBudgetBatchSampler(
-        base_sampler,
-        np.asarray(lengths),
-        config=settings,
-        dp_rank=dp_rank,
-        total_steps=total_steps,
-        loss_token_counts=None if loss_counts is None else np.asarray(loss_counts),
-    )
+    sampler = settings.build(base_sampler, np.asarray(lengths), dp_rank=dp_rank,
+                             total_steps=total_steps,
+                             loss_token_counts=None if loss_counts is None
+                             else np.asarray(loss_counts))
     collator = PaddedCollator(pad_token_id=config.collator.pad_token_id)
     return sampler, PlannedDataset(dataset), collator

@@ -17,18 +17,20 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
-from megatron_packing.common.plan_types import PaddedStepPlan
-from megatron_packing.common.validation import require_int, require_positive_int
-from megatron_packing.config.components import (
-    SAMPLER_SPLIT_METHOD,
-    PaddedSamplerConfig,
-    config_or_keywords,
+from megatron_packing.common.config_fields import (
+    check_field,
+    check_seed,
+    require_component,
+    split_settings,
 )
+from megatron_packing.common.plan_types import PaddedStepPlan
+from megatron_packing.common.validation import require_bool, require_int, require_positive_int
+from megatron_packing.config.components import SAMPLER_SPLIT_METHOD, PaddedConfig
 from megatron_packing.packing.microbatch import (
     example_lengths,
     fixed_size_microbatches,
@@ -76,39 +78,86 @@ class PaddedCursor:
     budget_changes: dict[int, int] = field(default_factory=dict)  # from step -> budget
 
 
+@dataclass(frozen=True)
+class PaddedSamplerConfig:
+    """Everything `TokenBudgetBatchSampler` plans with, besides the data and the rank."""
+
+    global_batch_size: int
+    dp_size: int
+    padded: PaddedConfig = PaddedConfig()
+    seed: int = 0
+    """Seeds the epochs of a random base sampler that has no generator of its own."""
+    eval_mode: bool = False
+    """Marks the plans as evaluation; an evaluation reads whole epochs whatever total_steps."""
+
+    def __post_init__(self) -> None:
+        check_field(self, "global_batch_size", require_positive_int)
+        check_field(self, "dp_size", require_positive_int)
+        require_component(self, "padded", PaddedConfig)
+        check_seed(self)
+        check_field(self, "eval_mode", require_bool)
+
+    @classmethod
+    def from_settings(cls, global_batch_size: int, dp_size: int, *, owner: str,
+                      **settings: Any) -> PaddedSamplerConfig:
+        """The config of the sampler's keyword form: each flat setting is a field of
+        `PaddedConfig` or this config (their defaults apply to the rest)."""
+        padded, mine = split_settings((PaddedConfig, _Own), settings, owner=owner)
+        return cls(global_batch_size=global_batch_size, dp_size=dp_size,
+                   padded=PaddedConfig(**padded), **mine)
+
+    def settings(self) -> dict[str, Any]:
+        """The flat settings `from_settings` takes back (B and dp aside)."""
+        out = {f.name: getattr(self.padded, f.name) for f in fields(self.padded)}
+        out.update(seed=self.seed, eval_mode=self.eval_mode)
+        return out
+
+    def build(self, sampler: Iterable[int], lengths: Sequence[int] | np.ndarray, *,
+              dp_rank: int | None = None, total_steps: int | None = None,
+              loss_token_counts: Sequence[int] | np.ndarray | None = None,
+              ) -> TokenBudgetBatchSampler:
+        """The sampler over ``sampler``'s order and ``lengths``, yielding ``dp_rank``'s steps
+        (None: the global batch)."""
+        return TokenBudgetBatchSampler(
+            sampler, lengths, self.global_batch_size, self.dp_size, dp_rank=dp_rank,
+            total_steps=total_steps, loss_token_counts=loss_token_counts, **self.settings())
+
+
+@dataclass(frozen=True)
+class _Own:
+    """`PaddedSamplerConfig`'s own flat settings (for `split_settings`)."""
+
+    seed: int = 0
+    eval_mode: bool = False
+
+
 class TokenBudgetBatchSampler(StepStream[PaddedCursor, PaddedStepPlan]):
     """Stateful batch sampler for padded micro-batches under a token budget (see module doc).
 
     ``sampler`` gives the epoch's example order (any sized sampler; see `EpochOrder`).
     ``lengths[i]`` is example i's token count; ``loss_token_counts[i]`` (optional) its trained
-    tokens, so each plan carries the global loss-token count. ``config`` holds B, dp, the
-    micro-batch settings, the seed and evaluation (`PaddedSamplerConfig`). With ``dp_rank=None``
-    the yielded list is the whole global batch (for simulation) and ``schedule`` is rank 0's.
-    ``total_steps`` ends the run after that many steps (across epochs); an evaluation
-    (``eval_mode``) reads whole epochs whatever ``total_steps``.
-
-    The keyword form ``TokenBudgetBatchSampler(sampler, lengths, global_batch_size, dp_size,
-    max_tokens_per_microbatch=..., micro_batch_size=..., ...)`` builds the config from the
-    fields of the same names (`PaddedConfig`, `PaddedSamplerConfig`; their defaults apply).
+    tokens, so each plan carries the global loss-token count. ``settings`` are `PaddedConfig`'s
+    fields (``max_tokens_per_microbatch``, ``micro_batch_size``, ``split_method``), ``seed`` and
+    ``eval_mode``. With ``dp_rank=None`` the yielded list is the whole global batch (for
+    simulation) and ``schedule`` is rank 0's. ``total_steps`` ends the run after that many steps
+    (across epochs); an evaluation (``eval_mode``) reads whole epochs whatever ``total_steps``.
+    `PaddedSamplerConfig.build` makes one from a config.
     """
 
     def __init__(
         self,
         sampler: Iterable[int],
         lengths: Sequence[int] | np.ndarray,
-        global_batch_size: int | None = None,
-        dp_size: int | None = None,
+        global_batch_size: int,
+        dp_size: int,
         *,
-        config: PaddedSamplerConfig | None = None,
         dp_rank: int | None = None,
         total_steps: int | None = None,
         loss_token_counts: Sequence[int] | np.ndarray | None = None,
         **settings: Any,
     ) -> None:
-        given = {"global_batch_size": global_batch_size, "dp_size": dp_size}
-        settings.update({name: value for name, value in given.items() if value is not None})
-        config = config_or_keywords(PaddedSamplerConfig, config, settings,
-                                    owner="TokenBudgetBatchSampler")
+        config = PaddedSamplerConfig.from_settings(global_batch_size, dp_size,
+                                                   owner="TokenBudgetBatchSampler", **settings)
         self.config = config
         self.global_batch_size = config.global_batch_size
         self.dp_size = config.dp_size
@@ -310,6 +359,7 @@ class TokenBudgetBatchSampler(StepStream[PaddedCursor, PaddedStepPlan]):
 
 __all__ = [
     "SAMPLER_SPLIT_METHOD",
+    "PaddedSamplerConfig",
     "PaddedStepPlan",
     "TokenBudgetBatchSampler",
     "rank_slices",

@@ -16,8 +16,8 @@ import argparse
 from collections.abc import Callable
 
 from megatron_packing.common.validation import allowed_batch_variation, require_int, require_number
-from megatron_packing.config.components import PACKING_ALGORITHMS
 from megatron_packing.packing.algorithms import PackingAlgorithm
+from megatron_packing.packing.packer_config import PACKING_ALGORITHMS
 
 from .pools import MIXED
 from .tuning import DEFAULT_VARIATIONS, TUNE_MAX_STEPS

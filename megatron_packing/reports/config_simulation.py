@@ -32,6 +32,7 @@ from megatron_packing.config import (
     read_yaml_mapping,
 )
 from megatron_packing.config.training import DataConfig, training_config_from_dict
+from megatron_packing.packed.components import packed_sampler_config
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 from megatron_packing.stream.base_order import make_base_order
 
@@ -139,31 +140,19 @@ def steps_for(lengths: np.ndarray, packing: PackingConfig, steps: int | None) ->
 def make_sampler(lengths: np.ndarray, packing: PackingConfig, dp_size: int, steps: int, *,
                  align: bool, bin_capacity: int | None = None,
                  variation: float | None = None) -> DPAlignedPackingBatchSampler:
-    """The sampler training would build from this packing section (global view: all ranks)."""
-    return DPAlignedPackingBatchSampler(
-        make_base_order(packing.base_order, len(lengths), packing.seed),
-        lengths,
-        packing.global_batch_size,
-        dp_size,
-        bin_capacity=packing.bin_capacity if bin_capacity is None else bin_capacity,
-        allowed_variation=(packing.packing_batch_size_allowed_variation if variation is None
-                           else variation),
-        tp_size=packing.tp_size,
-        cp_size=packing.cp_size,
-        fp8_enabled=packing.fp8_enabled,
-        fp8_recipe=packing.fp8_recipe,
-        total_steps=steps,
-        algorithm=packing.packing_algorithm,
-        oversize_policy=packing.oversize_policy,
-        rank_assignment=packing.rank_assignment,
-        attention_cost_constant=packing.attention_cost_constant,
-        microbatch_cost_tokens=packing.microbatch_cost_tokens,
-        pad_bins_to_capacity=packing.pad_bins_to_capacity,
-        align_to_dp=align,
-        lookahead_steps=packing.lookahead_steps,
-        max_deferred_examples=packing.max_deferred_examples if align else 0,
-        seed=packing.seed,
-    )
+    """The sampler training would build from this packing section (global view: all ranks),
+    through training's own config path (`packed_sampler_config`); ``align``, ``bin_capacity``
+    and ``variation`` change those keys for a comparison (fixed B, a tuning grid)."""
+    keys: dict[str, Any] = {"align_packing_bins_to_dp": align}
+    if not align:
+        keys["max_deferred_examples"] = 0
+    if bin_capacity is not None:
+        keys["bin_capacity"] = bin_capacity
+    if variation is not None:
+        keys["packing_batch_size_allowed_variation"] = variation
+    config = packed_sampler_config(packing.with_keys(**keys), dp_size)
+    return config.build(make_base_order(packing.base_order, len(lengths), packing.seed), lengths,
+                        total_steps=steps)
 
 
 def simulate_steps(lengths: np.ndarray, packing: PackingConfig, dp_size: int, steps: int, *,

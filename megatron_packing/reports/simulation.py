@@ -16,7 +16,7 @@ the benchmarks' measured tables.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,14 +32,13 @@ from megatron_packing.packing.balance import (
     bin_costs,
     imbalance,
 )
-from megatron_packing.packing.planner.sizer import StepSizer
-from megatron_packing.packing.planner.tunables import PlannerTunables
 from megatron_packing.packing.reference import (
     ReferenceRun,
     contiguous_path_bounds,
     plan_exhaustively,
 )
 from megatron_packing.packing.step_time import assign_work, step_times
+from megatron_packing.packing.tunables import DEFAULT_TUNABLES, PlannerTunables
 
 from .dp_balanced_runs import dp_balanced_series
 from .steps import StepSeries, cv, run_steps
@@ -117,9 +116,9 @@ def simulate(
     pad_bins_to_capacity: bool = False,
 ) -> SimulationResult:
     """Run ``steps`` steps over ``lengths`` (taken in order) and measure them. ``tunables``
-    replaces the planner's constants (``max_packs`` and ``lookahead_steps`` still come from
-    the arguments): for sweeping them, see ``benchmarks/bench_planner_constants.py``. The cost
-    keys plan and time the steps as the YAML keys of the same names do."""
+    replaces the planner's constants (`PlannerConfig.tunables`): for sweeping them, see
+    ``benchmarks/bench_planner_constants.py``. The cost keys plan and time the steps as the YAML
+    keys of the same names do."""
     sampler = DPAlignedPackingBatchSampler(
         SequentialSampler(range(len(lengths))), lengths, batch_size, dp_size,
         bin_capacity=capacity, allowed_variation=variation, total_steps=steps,
@@ -128,12 +127,8 @@ def simulate(
         oversize_policy="truncate", rank_assignment=rank_assignment,
         attention_cost_constant=attention_cost_constant,
         microbatch_cost_tokens=microbatch_cost_tokens, pad_bins_to_capacity=pad_bins_to_capacity,
+        tunables=DEFAULT_TUNABLES if tunables is None else tunables,
     )
-    if tunables is not None:
-        sampler.sizer = StepSizer(sampler.packer, dp_size, max_deferred=sampler.max_deferred_examples,
-                                  tunables=replace(tunables, max_packs=max_packs,
-                                                   lookahead_steps=lookahead_steps),
-                                  microbatch_cost=microbatch_cost_tokens)
     imbalance_rr: list[float] = []
     imbalance_kk: list[float] = []
 

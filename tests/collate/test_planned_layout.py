@@ -181,16 +181,3 @@ def test_a_truncated_example_must_still_hold_the_tokens_the_plan_keeps():
     with pytest.raises(FetchedExampleError, match=r"dataset example 1: the step's plan laid out "
                        r"the first 64 of its tokens.*but 50 tokens were fetched"):
         PackedCollator()(PlannedDataset(dataset).__getitems__(step))
-
-
-def test_the_removed_collator_forms_name_the_new_ones():
-    import pytest
-
-    from megatron_packing.packed.collate import PackedCollator
-    from megatron_packing.packing.alignment import Alignment
-
-    with pytest.raises(TypeError, match=r"PackedCollator\(pad_token_id=\.\.\.\)"):
-        PackedCollator(Alignment(), 256)
-    with pytest.raises(TypeError, match=r"DPAlignedPackingBatchSampler\(\.\.\., "
-                                        r"pad_bins_to_capacity=\.\.\.\)"):
-        PackedCollator(pad_bins_to_capacity=True)  # type: ignore[call-arg]

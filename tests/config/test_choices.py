@@ -8,9 +8,6 @@ from megatron_packing.cli import main
 from megatron_packing.config import ConfigError
 from megatron_packing.config.components import (
     BASE_ORDERS,
-    OVERSIZE_POLICIES,
-    PACKING_ALGORITHMS,
-    RANK_ASSIGNMENTS,
     BaseOrder,
     PackerConfig,
     PaddedConfig,
@@ -20,6 +17,8 @@ from megatron_packing.packing.algorithms import OversizePolicy, PackingAlgorithm
 from megatron_packing.packing.alignment import FP8_RECIPES, Fp8Recipe
 from megatron_packing.packing.balance import RankAssignment
 from megatron_packing.packing.microbatch import SPLIT_METHODS, SplitMethod
+from megatron_packing.packing.packer_config import OVERSIZE_POLICIES, PACKING_ALGORITHMS
+from megatron_packing.packing.planner.config import RANK_ASSIGNMENTS
 
 
 @pytest.mark.parametrize("values, enum", [

@@ -15,33 +15,28 @@ from torch.utils.data import SequentialSampler
 from megatron_packing.config import (
     COMPONENTS,
     YAML_KEYS,
-    CollatorConfig,
     ConfigError,
     LoaderConfig,
-    PackedSamplerConfig,
     PackerConfig,
     PackingConfig,
     PaddedConfig,
-    PaddedSamplerConfig,
     PlannerConfig,
-    WorkerConfig,
 )
-from megatron_packing.config.mode_keys import PADDED_ONLY_KEYS
-from megatron_packing.loader.dataloader import build_sft_dataloader
-from megatron_packing.packed.collate import PackedCollator
+from megatron_packing.config.mode_keys import PACKED_ONLY_KEYS, PADDED_ONLY_KEYS
+from megatron_packing.loader.dataloader import WorkerConfig, build_sft_dataloader
 from megatron_packing.packed.components import build_packed_components
-from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
+from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler, PackedSamplerConfig
 from megatron_packing.padded.components import build_padded_components
-from megatron_packing.padded.sampler import TokenBudgetBatchSampler
+from megatron_packing.padded.sampler import PaddedSamplerConfig, TokenBudgetBatchSampler
 
 DATASET = SyntheticSFT(mixed_lengths(120, seed=1, high=500))
-NOT_YAML = {("planner", "max_packs"), ("padded", "split_method")}  # set in code only
-"""Component fields no YAML key sets."""
+NOT_YAML = {("planner", "max_packs"), ("planner", "tunables"), ("padded", "split_method")}
+"""Component fields no YAML key sets (set in code only)."""
 
 
 # ---------------------------------------------------------------------------- the key table
 def test_every_component_field_has_exactly_one_yaml_key_or_none_on_purpose():
-    targets = list(YAML_KEYS.values())
+    targets = [(row.component, row.field) for row in YAML_KEYS.values()]
     assert len(set(targets)) == len(targets), "two YAML keys set the same field"
     every_field = {(name, f.name) for name, cls in COMPONENTS.items() for f in fields(cls)}
     assert set(targets) <= every_field
@@ -93,7 +88,7 @@ def test_a_key_sets_exactly_its_component_field(key):
     assert before.to_dict()[key] != value, "the table's value is the default"
     old, new = _fields_of(before), _fields_of(after)
     changed = [target for target in old if old[target] != new[target]]
-    assert changed == [YAML_KEYS[key]]
+    assert changed == [(YAML_KEYS[key].component, YAML_KEYS[key].field)]
     assert getattr(after, key) == value and after.to_dict()[key] == value
     assert before.with_keys(**{key: value}) == after
 
@@ -175,7 +170,7 @@ def test_each_key_reaches_what_the_loader_builds(key):
 
 # ---------------------------------------------------------------------------- bad values
 def _component_of(key: str) -> tuple[type, dict[str, Any]]:
-    component, _ = YAML_KEYS[key]
+    component = YAML_KEYS[key].component
     required = {"packer": {"bin_capacity": 512}, "planner": {"batch_size": 24}}
     return COMPONENTS[component], required.get(component, {})
 
@@ -184,7 +179,7 @@ def _component_of(key: str) -> tuple[type, dict[str, Any]]:
 def test_a_component_refuses_a_bad_value_under_the_yaml_key(key):
     """A string where a number, flag or known choice belongs: the message leads with the key."""
     cls, required = _component_of(key)
-    field = YAML_KEYS[key][1]
+    field = YAML_KEYS[key].field
     with pytest.raises(ConfigError) as info:
         cls(**{**required, field: "bogus"})
     assert str(info.value).startswith(f"{key} must be "), str(info.value)
@@ -242,11 +237,13 @@ def test_the_constructor_refuses_an_unknown_key_with_a_suggestion():
         PackingConfig(planner=PackerConfig(bin_capacity=64))
 
 
-# ---------------------------------------------------------------------------- keyword forms
+# ---------------------------------------------------------------------------- one way to build
 LENGTHS = mixed_lengths(60, seed=2, high=300)
 
 
-def test_the_sampler_keyword_form_builds_the_same_config():
+def test_a_samplers_config_builds_it_through_its_one_constructor():
+    """`PackedSamplerConfig.build` calls the keyword constructor with the config's settings: the
+    sampler it builds has the same config, fingerprint and plans as the keyword form's."""
     keywords = dict(bin_capacity=512, allowed_variation=0.25, tp_size=2, lookahead_steps=2,
                     rank_assignment="round_robin", max_deferred_examples=1, seed=3)
     by_keywords = DPAlignedPackingBatchSampler(SequentialSampler(range(60)), LENGTHS, 8, 2,
@@ -256,54 +253,58 @@ def test_the_sampler_keyword_form_builds_the_same_config():
         planner=PlannerConfig(batch_size=8, allowed_variation=0.25, lookahead_steps=2,
                               rank_assignment="round_robin", max_deferred_examples=1),
         dp_size=2, seed=3)
-    by_config = DPAlignedPackingBatchSampler(SequentialSampler(range(60)), LENGTHS, config=config)
-    assert by_keywords.config == config
+    by_config = config.build(SequentialSampler(range(60)), LENGTHS)
+    assert by_keywords.config == config == by_config.config
     assert by_keywords.state_dict()["fingerprint"] == by_config.state_dict()["fingerprint"]
     assert [b.plan.bins for b in by_keywords] == [b.plan.bins for b in by_config]
+    padded = PaddedSamplerConfig(global_batch_size=8, dp_size=2,
+                                 padded=PaddedConfig(max_tokens_per_microbatch=600), seed=4)
+    built = padded.build(SequentialSampler(range(60)), LENGTHS, dp_rank=1)
+    assert built.config == padded and built.dp_rank == 1
 
 
 @pytest.mark.parametrize("make", [
     lambda: DPAlignedPackingBatchSampler(SequentialSampler(range(60)), LENGTHS, 8, 2,
                                          bin_capacity=512, allowed_variation=0.25, bin_capcity=1),
     lambda: TokenBudgetBatchSampler(SequentialSampler(range(60)), LENGTHS, 8, 2, bin_capcity=1),
-    lambda: PackedCollator(bin_capcity=1),
-    lambda: build_sft_dataloader(DATASET, PackingConfig(), dp_rank=0, dp_size=2, bin_capcity=1),
 ])
 def test_a_keyword_form_refuses_an_unknown_keyword_naming_the_valid_ones(make):
-    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) 'bin_capcity'; valid: "):
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'bin_capcity'; valid: "):
         make()
 
 
 def test_the_keyword_form_names_the_valid_keywords_and_what_is_missing():
     with pytest.raises(TypeError, match="valid: bin_capacity, algorithm, .*batch_size, "
-                                        "allowed_variation, .*dp_size, seed, eval_mode"):
-        DPAlignedPackingBatchSampler(SequentialSampler(range(60)), LENGTHS, 8, 2, capacity=512)
+                                        "allowed_variation, .*seed, eval_mode"):
+        DPAlignedPackingBatchSampler(SequentialSampler(range(60)), LENGTHS, 8, 2, bin_capacity=512,
+                                     capacity=512)
     with pytest.raises(TypeError, match="needs the keyword argument 'bin_capacity'"):
         DPAlignedPackingBatchSampler(SequentialSampler(range(60)), LENGTHS, 8, 2)
-    config = PackedSamplerConfig(packer=PackerConfig(bin_capacity=512),
-                                 planner=PlannerConfig(batch_size=8, allowed_variation=0.25),
-                                 dp_size=2)
-    with pytest.raises(TypeError, match="config= or the keyword form, not both"):
-        DPAlignedPackingBatchSampler(SequentialSampler(range(60)), LENGTHS, 8, config=config)
-    with pytest.raises(TypeError, match="config must be a PaddedSamplerConfig"):
-        TokenBudgetBatchSampler(SequentialSampler(range(60)), LENGTHS, config=config)
-    with pytest.raises(TypeError, match="config= or the keyword form, not both"):
-        PackedCollator(config=CollatorConfig(), pad_token_id=3)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bin_capcity'"):
+        build_sft_dataloader(DATASET, PackingConfig(), dp_rank=0, dp_size=2,
+                             bin_capcity=1)  # type: ignore[call-arg]
+
+
+def test_each_key_reads_in_the_mode_its_row_names():
+    assert set(PADDED_ONLY_KEYS) == {"max_tokens_per_microbatch", "micro_batch_size"}
+    assert "bin_capacity" in PACKED_ONLY_KEYS and "seed" not in PACKED_ONLY_KEYS
+    assert all(YAML_KEYS[key].mode == "packed" for key in PACKED_ONLY_KEYS)
 
 
 def test_the_readmes_key_table_is_generated_from_the_config():
-    from megatron_packing.config import key_table
+    from megatron_packing.reports import key_table
 
     readme = key_table.README.read_text()
     assert key_table.replace_table(readme, key_table.render()) == readme, (
         "README.md's config-key table is stale: run "
-        "`python -m megatron_packing.config.key_table --write-docs`")
+        "`python -m megatron_packing.reports.key_table --write-docs`")
 
 
-def test_the_key_table_shows_a_changed_default_and_refuses_a_key_without_a_meaning(monkeypatch):
-    from megatron_packing.config import key_table
+def test_the_key_table_shows_each_rows_default_and_meaning(monkeypatch):
+    from megatron_packing.config import components
+    from megatron_packing.reports import key_table
 
-    assert "| `lookahead_steps` | 6 |" in key_table.render()
-    monkeypatch.delitem(key_table.MEANINGS, "seed")
-    with pytest.raises(KeyError, match="missing \\['seed'\\]"):
-        key_table.render()
+    assert "| `lookahead_steps` | 6 | steps planned together" in key_table.render()
+    row = YAML_KEYS["seed"]
+    monkeypatch.setitem(components.YAML_KEYS, "seed", row._replace(meaning="a new meaning"))
+    assert "| `seed` | 1234 | a new meaning |" in key_table.render()

@@ -148,7 +148,7 @@ def _training(**changes: Any) -> Callable[[Path], Any]:
 
 def _workers(**options: Any) -> Callable[[Path], Any]:
     def run(tmp: Path) -> Any:
-        from megatron_packing.config import WorkerConfig
+        from megatron_packing.loader.dataloader import WorkerConfig
 
         return WorkerConfig(**options)
     return run
@@ -399,7 +399,7 @@ CASES: list[Case] = [
          "data.valid_paths must be a list"),
     Case("missing data file", "demo paths", _training(data__paths=["/nonexistent/x.jsonl"]),
          "does not exist"),
-    Case("removed train.seed", "demo paths", _training(train__seed=3), "not a key any more"),
+    Case("unknown train.seed", "demo paths", _training(train__seed=3), "unknown train key 'seed'"),
     Case("unreadable tokenizer file", "tokenizer", _broken_tokenizer, "cannot be loaded"),
     # -- data meaning
     Case("weight 0 on the first assistant turn", "data rules", _records([_turns(0, 1)]),

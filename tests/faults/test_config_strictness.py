@@ -15,10 +15,11 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megatron_packing.config import ConfigError, PackingConfig, WorkerConfig, load_config
+from megatron_packing.config import ConfigError, PackingConfig, load_config
 from megatron_packing.config.mode_keys import UnusedKeyWarning
 from megatron_packing.config.training import load_training_config
 from megatron_packing.config.yaml_io import read_yaml_mapping
+from megatron_packing.loader.dataloader import WorkerConfig
 
 from .run_faults_helpers import run_cli, tiny_config, write_config
 
@@ -100,7 +101,7 @@ def test_a_padded_only_key_at_its_default_is_no_setting():
 def test_packing_keys_in_padded_mode_warn_once_naming_them():
     values = {"use_sequence_packing": False, "packing_algorithm": "bfd", "lookahead_steps": 2,
               "micro_batch_size": 2}
-    with pytest.warns(UnusedKeyWarning, match="packing_algorithm, lookahead_steps have no effect"):
+    with pytest.warns(UnusedKeyWarning, match="lookahead_steps, packing_algorithm have no effect"):
         PackingConfig.from_dict(values, source="once.yaml")
     with warnings.catch_warnings():
         warnings.simplefilter("error")

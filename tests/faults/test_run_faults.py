@@ -45,7 +45,7 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
     ("train__lr", 0, "train.lr must be a number > 0, got 0"),
     ("train__checkpoint_keep", 0, "train.checkpoint_keep must be an integer >= 1, got 0"),
     ("train__min_lr", 1.0, "train.min_lr must be <= train.lr (0.01), got 1.0"),
-    ("train__seed", 7, "train.seed is not a key any more: the example order's seed is packing.seed"),
+    ("train__seed", 7, "unknown train key 'seed' (valid keys: backend,"),
     ("packing__oversize_policy", "own_bin", "'own_bin' is not supported by the demo trainer"),
     ("train__backend", "deepspeed",
      "train.backend must be one of megatron_ddp, fsdp2; got 'deepspeed'"),

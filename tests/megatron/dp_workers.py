@@ -67,6 +67,51 @@ def packed_vs_unpacked(rank: int, world: int, out_dir: str) -> None:
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(records))
 
 
+def plain_batch_sampler_training(rank: int, world: int, out_dir: str) -> None:
+    """Train with a plain torch BatchSampler (every rank reads the whole global batch) and the
+    collator packing on its own, keeping this rank's bins: per step, the packed loss and
+    gradient against the single-process reference over every example of the step."""
+    from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
+
+    from megatron_packing.config import PackingConfig
+    from megatron_packing.packed.collate import PackedCollator
+
+    model = build_tiny_gpt(ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4,
+                                       dtype="float64", init_seed=7),
+                           vocab_size=VOCAB, max_seq_len=CAPACITY)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    group = dp_group()
+    examples = [{"input_ids": e, "loss_mask": [1] * len(e)}
+                for e in random_examples(30, vocab=VOCAB, min_len=3, max_len=20, seed=5)]
+    collator = PackedCollator(packing=PackingConfig(bin_capacity=CAPACITY), dp_size=world,
+                              dp_rank=rank)
+    loader = DataLoader(examples, batch_sampler=BatchSampler(SequentialSampler(examples), 7,
+                                                            drop_last=False),
+                        collate_fn=collator)
+    records = []
+    for epoch in range(3):
+        for step, (batch, indices) in enumerate(zip(loader, BatchSampler(
+                SequentialSampler(examples), 7, drop_last=False), strict=True)):
+            model.zero_grad(set_to_none=True)
+            total = sum((per_token_loss(model, row, loss_from_logits=True)
+                         * row.loss_mask.double()).sum()
+                        for row in (pack_row([examples[i]["input_ids"]]) for i in indices))
+            loss_ref = total / batch.meta.num_loss_tokens
+            loss_ref.backward()
+            grad_ref = _grads(model)
+            model.zero_grad(set_to_none=True)
+            loss = forward_backward(model, batch, dp_group=group, loss_from_logits=True)
+            records.append({"epoch": epoch, "step": step, "loss": loss,
+                            "loss_ref": float(loss_ref),
+                            "grad_rel": _rel(_grads(model), grad_ref),
+                            "micro_batches": len(batch.micro_batches),
+                            "bins": batch.meta.num_bins,
+                            "examples": sorted(i for mb in batch.micro_batches
+                                               for i in mb.example_indices)})
+            optimizer.step()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(records))
+
+
 def validation_reference(rank: int, world: int, cfg, run_dir: str, valid_path: str,
                          out_path: str) -> None:
     """The token-mean loss over every example of ``valid_path``, one example per forward, with

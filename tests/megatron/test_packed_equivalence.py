@@ -81,3 +81,26 @@ def test_packed_equals_unpacked_dp2(tmp_path):
             assert rec["grad_norm"] > 0
     for a, b in zip(ranks[0], ranks[1], strict=True):
         assert a["loss_packed"] == b["loss_packed"]
+
+
+@pytest.mark.slow
+def test_a_plain_batch_sampler_and_the_collator_packing_on_its_own_train_dp2(tmp_path):
+    """No packing sampler at all: torch's BatchSampler gives each rank the global batch and the
+    collator packs it, keeping the rank's bins. Every step's loss and gradient equal the
+    single-process reference over the step's examples, and the loss falls over three epochs."""
+    from dp_workers import plain_batch_sampler_training
+
+    from megatron_packing.demo.launch import spawn_data_parallel
+
+    spawn_data_parallel(plain_batch_sampler_training, 2, str(tmp_path))
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for mine, theirs in zip(*ranks, strict=True):
+        assert mine["micro_batches"] == theirs["micro_batches"]  # equal counts: no hang
+        assert mine["bins"] % 2 == 0
+        assert not set(mine["examples"]) & set(theirs["examples"])
+    for rank in ranks:
+        for rec in rank:
+            assert rec["loss"] == pytest.approx(rec["loss_ref"], rel=1e-9)
+            assert rec["grad_rel"] <= 1e-6
+    first, last = ranks[0][:5], ranks[0][-5:]
+    assert sum(r["loss"] for r in last) < sum(r["loss"] for r in first)

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 
 from megatron_packing.packing.balance import assign_bins_to_ranks, bin_costs, sequence_cost
 from megatron_packing.packing.hand_out import hand_out
-from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES
 from megatron_packing.packing.rebalance import rebalance_examples
+from megatron_packing.packing.tunables import DEFAULT_TUNABLES
 
 from .test_rebalance import steps
 

@@ -18,8 +18,8 @@ from megatron_packing.packing.factory import make_seq_packer
 from megatron_packing.packing.planner.bounds import SegmentBound
 from megatron_packing.packing.planner.floor import floor_bins, no_step_can_drop
 from megatron_packing.packing.planner.sizer import StepSizer
-from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES
 from megatron_packing.packing.planner.window import StepContext
+from megatron_packing.packing.tunables import DEFAULT_TUNABLES
 from megatron_packing.reports.simulation import simulate
 
 FAST = settings(max_examples=80, deadline=None)

@@ -21,8 +21,8 @@ from megatron_packing.packing.planner.lookahead import (
     future_alignment,
     onward_alignment,
 )
-from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES
 from megatron_packing.packing.planner.window import StepContext
+from megatron_packing.packing.tunables import DEFAULT_TUNABLES
 
 FAST = settings(max_examples=80, deadline=None)
 

@@ -5,8 +5,6 @@ How a padded step's bins are rounded up to a multiple of dp: tests/packing/test_
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,7 +12,6 @@ from hypothesis import strategies as st
 from megatron_packing.packing.factory import make_seq_packer
 from megatron_packing.packing.planner.padding import fewest_padding_size, rank_padded
 from megatron_packing.packing.planner.sizer import StepSizer
-from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES
 from megatron_packing.packing.planner.window import StepContext
 
 FAST = settings(max_examples=60, deadline=None)
@@ -50,7 +47,7 @@ def deferral_steps(draw):
         lengths[:forced] = rng.integers(capacity // 2, capacity, forced)
     packer = make_seq_packer("mffd", bin_capacity=capacity)
     sizer = StepSizer(packer, dp, max_deferred=limit,
-                      tunables=replace(DEFAULT_TUNABLES, lookahead_steps=1))
+                      lookahead_steps=1)
     return sizer, lengths, context, forced
 
 

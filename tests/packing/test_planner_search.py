@@ -30,9 +30,9 @@ from megatron_packing.packing.planner.search import (
     search_budget,
     searches_exactly,
 )
-from megatron_packing.packing.planner.sizer import StepSizer
-from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES
+from megatron_packing.packing.planner.sizer import DEFAULT_MAX_PACKS, StepSizer
 from megatron_packing.packing.planner.window import StepContext
+from megatron_packing.packing.tunables import DEFAULT_TUNABLES
 
 FAST = settings(max_examples=120, deadline=None)
 
@@ -53,7 +53,7 @@ def steps(draw):
     lengths = np.where(rng.random(count) < 0.3, rng.integers(capacity // 3, capacity, count),
                        rng.integers(1, capacity // 4, count)).astype(np.int64)
     packer = make_seq_packer(draw(st.sampled_from(["mffd", "ffd", "bfd"])), bin_capacity=capacity)
-    sizer = StepSizer(packer, dp, tunables=replace(DEFAULT_TUNABLES, lookahead_steps=horizon))
+    sizer = StepSizer(packer, dp, lookahead_steps=horizon)
     return sizer, lengths, StepContext(batch, v, drift, 10_000, 50)
 
 
@@ -125,14 +125,16 @@ def test_the_bounded_search_stays_within_its_budget(step, budget):
 
 
 def test_which_search_a_window_gets():
-    tunables = DEFAULT_TUNABLES
+    tunables, packs = DEFAULT_TUNABLES, DEFAULT_MAX_PACKS
     # B = 128, v = 6: 13 sizes x 134 <= 16,384 and 13^2 x 134 <= 32,768: exact.
-    assert search_budget(tunables, 122, 134) is None and searches_exactly(tunables, 122, 134)
+    assert search_budget(packs, tunables, 122, 134) is None
+    assert searches_exactly(packs, tunables, 122, 134)
     # B = 256, v = 12: 25 x 268 <= 16,384 (whole window) but 25^2 x 268 > 32,768: bounded.
-    assert search_budget(tunables, 244, 268) is None and not searches_exactly(tunables, 244, 268)
+    assert search_budget(packs, tunables, 244, 268) is None
+    assert not searches_exactly(packs, tunables, 244, 268)
     # B = 1024, v = 51: a budget of max_packs.
-    assert search_budget(tunables, 973, 1075) == tunables.max_packs
-    assert search_budget(replace(tunables, max_packs=None), 973, 1075) is None
+    assert search_budget(packs, tunables, 973, 1075) == packs
+    assert search_budget(None, tunables, 973, 1075) is None
 
 
 def exact_ranking(sizer: StepSizer, lengths: np.ndarray, problem: SearchProblem):
@@ -160,9 +162,9 @@ def test_on_a_small_window_its_budget_covers_the_search_never_ranks_below_the_ex
     lowest, highest, _ = context.window()
     packs = None if extra is None else highest - lowest + 1 + extra
     for max_packs in (packs, budget):
-        tunables = replace(sizer.tunables, max_packs=max_packs, full_search_examples=0)
-        sized = StepSizer(sizer.packer, sizer.dp_size, tunables=tunables)
-        if not covers(search_budget(tunables, lowest, highest), lowest, highest):
+        tunables = replace(sizer.tunables, full_search_examples=0)
+        sized = StepSizer(sizer.packer, sizer.dp_size, max_packs=max_packs, tunables=tunables)
+        if not covers(search_budget(max_packs, tunables, lowest, highest), lowest, highest):
             continue  # the budget leaves sizes unpacked: the window is not searched whole
         problem = problem_of(sized, lengths, context)
         ranking = exact_ranking(sized, lengths, problem)
@@ -185,7 +187,7 @@ def test_the_bounded_search_can_take_a_size_the_exact_one_ranks_lower():
         lengths = np.where(rng.random(count) < 0.3, rng.integers(capacity // 3, capacity, count),
                            rng.integers(1, capacity // 4, count)).astype(np.int64)
         packer = make_seq_packer("mffd", bin_capacity=capacity)
-        sizer = StepSizer(packer, dp, tunables=replace(DEFAULT_TUNABLES, lookahead_steps=horizon))
+        sizer = StepSizer(packer, dp, lookahead_steps=horizon)
         context = StepContext(batch, v, int(rng.integers(-v, v + 1)), 10_000, 50)
         problem = problem_of(sizer, lengths, context)
         ranking = exact_ranking(sizer, lengths, problem)

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from megatron_packing.packing.balance import sequence_cost
 from megatron_packing.packing.hand_out import hand_out
-from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES
 from megatron_packing.packing.rank_bound import slowest_rank_bound
+from megatron_packing.packing.tunables import DEFAULT_TUNABLES
 
 from .test_rebalance import steps
 

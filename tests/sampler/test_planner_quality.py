@@ -28,9 +28,9 @@ from megatron_packing.packing.planner.search import (
     packed_judge,
 )
 from megatron_packing.packing.planner.sizer import StepSizer
-from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES
 from megatron_packing.packing.planner.window import StepContext
 from megatron_packing.packing.reference import plan_exhaustively
+from megatron_packing.packing.tunables import DEFAULT_TUNABLES
 from megatron_packing.reports.pools import find_pool_dir, load_pools, mixed_stream
 
 from .helpers import check_stream
@@ -269,7 +269,7 @@ def test_the_bound_judges_a_whole_grid_as_it_judges_pairs():
     batch, capacity, dp = 256, 16384, 8
     lengths = pool_stream(4 * batch, capacity).astype(np.int64)
     packer = make_seq_packer("mffd", bin_capacity=capacity, oversize_policy="truncate")
-    sizer = StepSizer(packer, dp, tunables=replace(DEFAULT_TUNABLES, lookahead_steps=3))
+    sizer = StepSizer(packer, dp, lookahead_steps=3)
     estimate = sizer.bound(lengths)
     grid = sizer.setting.bound_judge(estimate)
 

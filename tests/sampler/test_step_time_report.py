@@ -10,8 +10,8 @@ import pytest
 from torch.utils.data import SequentialSampler
 
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
-from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES
 from megatron_packing.packing.rank_bound import slowest_rank_bound
+from megatron_packing.packing.tunables import DEFAULT_TUNABLES
 from megatron_packing.reports.pools import find_pool_dir, load_pools, mixed_stream
 from megatron_packing.reports.simulation import simulate, simulate_exhaustive
 

@@ -3,7 +3,6 @@
 One job a module, each behind a small typed interface (docs/sampler.md, "The planner's parts"):
 
 - `window`: where the stream stands (`StepContext`) and the sizes a step may take;
-- `tunables`: every tuned constant, in one record (`PlannerTunables`);
 - `bounds`: the O(1) lower bound on a segment's bins (`SegmentBound`) and judges of whether a
   segment aligns (`BoundJudge`, remembered grids; `PairJudge`, real packer counts);
 - `segments`: packing a prefix or segment, trying to reach a multiple of dp, memoised by content;
@@ -15,6 +14,6 @@ One job a module, each behind a small typed interface (docs/sampler.md, "The pla
 - `padding`: ranking sizes that cannot align (their bins are rounded up by `dp_rounding`);
 - `sizer`: `StepSizer`, which puts them together.
 
-Pure numpy: no torch, no ranks, no files. This file imports nothing, so that low modules
-(`packing.rebin`) can read the tunables without a cycle.
+Pure numpy: no torch, no ranks, no files. The tuned constants it reads are `packing.tunables`
+(`PlannerTunables`), one level down, which the hand-out and the packers' repair read too.
 """

@@ -29,7 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
-from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES, PlannerTunables
+from megatron_packing.packing.tunables import DEFAULT_TUNABLES, PlannerTunables
 
 CROWDED_PER_BIN = (1, 2, 3)  # t: no bin holds more than t examples above C / (t + 1)
 

@@ -28,8 +28,8 @@ from megatron_packing.packing.dp_rounding import first_multiple
 from megatron_packing.packing.planner.bounds import BoundJudge, PairJudge, SegmentBound
 from megatron_packing.packing.planner.lookahead import future_alignment, onward_alignment
 from megatron_packing.packing.planner.segments import Bins, SegmentPacker
-from megatron_packing.packing.planner.tunables import PlannerTunables
 from megatron_packing.packing.planner.window import StepContext
+from megatron_packing.packing.tunables import PlannerTunables
 
 Grids = OrderedDict[tuple[object, ...], np.ndarray]
 
@@ -73,11 +73,13 @@ class SizeSearch(Protocol):
 
 @dataclass(frozen=True)
 class SearchSetting:
-    """What every search shares: the dp size, the lookahead horizon, the tunables, the
-    segment packer (with its memo) and the remembered grids."""
+    """What every search shares: the dp size, the lookahead horizon, the packs a large
+    window's search may spend (None: every size), the tunables, the segment packer (with its
+    memo) and the remembered grids."""
 
     dp: int
     horizon: int
+    max_packs: int | None
     tunables: PlannerTunables
     segments: SegmentPacker
     grids: Grids
@@ -86,9 +88,11 @@ class SearchSetting:
         return BoundJudge(bound, self.dp, self.grids, self.tunables)
 
 
-def search_budget(tunables: PlannerTunables, lowest: int, highest: int) -> int | None:
-    """Packs allowed to the search: None (the whole window) when the window is cheap."""
-    if tunables.max_packs is None:
+def search_budget(max_packs: int | None, tunables: PlannerTunables, lowest: int,
+                  highest: int) -> int | None:
+    """Packs allowed to the search: None (the whole window) when the window is cheap or
+    ``max_packs`` is None."""
+    if max_packs is None:
         return None
     sizes = highest - lowest + 1
     # Packing is about linear in the examples packed, so packing every size costs about
@@ -96,7 +100,7 @@ def search_budget(tunables: PlannerTunables, lowest: int, highest: int) -> int |
     # and the step is never behind one that packs every size.
     if sizes * highest <= tunables.full_search_examples:
         return None
-    return tunables.max_packs
+    return max_packs
 
 
 def covers(budget: int | None, lowest: int, highest: int) -> bool:
@@ -104,12 +108,13 @@ def covers(budget: int | None, lowest: int, highest: int) -> bool:
     return budget is None or budget >= highest - lowest + 1
 
 
-def searches_exactly(tunables: PlannerTunables, lowest: int, highest: int) -> bool:
+def searches_exactly(max_packs: int | None, tunables: PlannerTunables, lowest: int,
+                     highest: int) -> bool:
     """Plan ahead with real packer counts? Only when the whole window is searched anyway."""
     sizes = highest - lowest + 1
     # The next step's segments run from each candidate boundary to each boundary after it:
     # about sizes^2 segments of up to highest examples each (memoised across steps).
-    return (covers(search_budget(tunables, lowest, highest), lowest, highest)
+    return (covers(search_budget(max_packs, tunables, lowest, highest), lowest, highest)
             and sizes * sizes * highest <= tunables.exact_lookahead_examples)
 
 
@@ -117,9 +122,10 @@ def choose_search(setting: SearchSetting, lowest: int, highest: int) -> SizeSear
     """The search a window gets: exact wherever it is affordable (`searches_exactly`), so the
     bounded one, which can take a size the exact one ranks lower, never runs on such a window;
     bounded otherwise, with the window's budget."""
-    if searches_exactly(setting.tunables, lowest, highest):
+    if searches_exactly(setting.max_packs, setting.tunables, lowest, highest):
         return ExactSearch(setting)
-    return BoundedSearch(setting, search_budget(setting.tunables, lowest, highest))
+    return BoundedSearch(setting, search_budget(setting.max_packs, setting.tunables, lowest,
+                                                highest))
 
 
 def promising(bound: int, dp: int, slack: int) -> bool:

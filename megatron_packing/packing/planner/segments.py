@@ -15,7 +15,7 @@ import numpy as np
 from megatron_packing.packing.algorithms import SeqPacker
 from megatron_packing.packing.dp_rounding import Bins, first_multiple
 from megatron_packing.packing.planner.bounds import SegmentBound
-from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES, PlannerTunables
+from megatron_packing.packing.tunables import DEFAULT_TUNABLES, PlannerTunables
 
 
 class SegmentPacker:

@@ -37,8 +37,8 @@ from megatron_packing.packing.planner.search import (
     search_budget,
 )
 from megatron_packing.packing.planner.segments import Bins, SegmentPacker
-from megatron_packing.packing.planner.tunables import DEFAULT_TUNABLES, PlannerTunables
 from megatron_packing.packing.planner.window import StepContext
+from megatron_packing.packing.tunables import DEFAULT_TUNABLES, PlannerTunables
 
 
 @dataclass
@@ -60,6 +60,19 @@ class SizingDecision:
     evened: bool = False  # took the nominal tokens at the floor, where no size saves a bin
 
 
+DEFAULT_LOOKAHEAD_STEPS = 6
+"""Steps planned together (the YAML's ``lookahead_steps``). Basis: against 3 on the study
+geometries, 64.3% against 61.0% aligned at 128/4K/dp8 and bins fewer or the same, for about 1 ms
+more a step at B = 1024. Sweep (`benchmarks/bench_planner_constants.py`): at 3, +8 bins and -1
+aligned at 128/4K/8, -1 aligned at 256/16K/8, +1 aligned at 1024/64K/8 and with deferral; at 12,
+-2 aligned at 1024/64K/8 and +1 with deferral, the bins unchanged."""
+
+DEFAULT_MAX_PACKS = 8
+"""Packs a large window's search may spend (None: every size). Basis: the fast path of the six
+study geometries (fewer bins than the exhaustive search on each, 1-2 packer runs a step at
+B = 1024). Sweep: no change at 4 or 16."""
+
+
 class StepSizer:
     """Picks step sizes for a packer and a data-parallel size.
 
@@ -74,6 +87,8 @@ class StepSizer:
     """
 
     def __init__(self, packer: SeqPacker, dp_size: int, *, max_deferred: int = 0,
+                 lookahead_steps: int = DEFAULT_LOOKAHEAD_STEPS,
+                 max_packs: int | None = DEFAULT_MAX_PACKS,
                  tunables: PlannerTunables = DEFAULT_TUNABLES,
                  microbatch_cost: float = 0.0) -> None:
         dp = require_int("dp_size", dp_size, minimum=1, error=ValueError)
@@ -88,12 +103,14 @@ class StepSizer:
         self.packer = packer
         self.dp_size = dp
         self.tunables = tunables
-        self.horizon = max(1, int(tunables.lookahead_steps))
+        self.horizon = max(1, int(lookahead_steps))
+        self.max_packs = max_packs
         self.max_deferred = deferred
         self.capacity = packer.usable_capacity
         self.segments = SegmentPacker(packer, dp, tunables)
         self.grids: Grids = OrderedDict()
-        self.setting = SearchSetting(dp, self.horizon, tunables, self.segments, self.grids)
+        self.setting = SearchSetting(dp, self.horizon, max_packs, tunables, self.segments,
+                                     self.grids)
         self.deferral = DeferralSearch(self.segments, dp, self.capacity, deferred, tunables.defer_tries)
 
     def bound(self, aligned: np.ndarray) -> SegmentBound:
@@ -177,7 +194,7 @@ class StepSizer:
             size, bins = result.chosen
             return self._finish(lengths[:size], bins, True, packs, tried)
 
-        budget = search_budget(self.tunables, lowest, highest)
+        budget = search_budget(self.max_packs, self.tunables, lowest, highest)
         if self.max_deferred:
             deferral = self.deferral.search(lengths, aligned, bound, context, forced, target,
                                             tokens, anchor, budget)

@@ -20,11 +20,6 @@ class PlannerTunables:
     ``grid_cache_cells``) and ``range_judge_cells`` change only speed, never a plan (the sweep
     confirms it)."""
 
-    max_packs: int | None = 8
-    """Packs a large window's search may spend (None: every size); the config's ``max_packs``.
-    Basis: the fast path of the six study geometries (fewer bins than the exhaustive search on
-    each, 1-2 packer runs a step at B = 1024). Sweep: no change at 4 or 16."""
-
     unlikely_packs: int = 3
     """The large-window budget when no size's bound is a multiple of dp (a step then rarely
     aligns). Basis: inherited with ``max_packs`` from the study geometries; no measurement of
@@ -49,13 +44,6 @@ class PlannerTunables:
     (``test_lookahead_aligns_more_steps_than_greedy``). Sweep: bins and aligned steps unchanged at
     16,384 (where B = 128 falls back to the bounded search; the CV moves by under 0.01 points
     with deferral) and at 65,536."""
-
-    lookahead_steps: int = 6
-    """Steps planned together (the config's ``lookahead_steps``). Basis: against 3 on the study
-    geometries, 64.3% against 61.0% aligned at 128/4K/dp8 and bins fewer or the same, for about
-    1 ms more a step at B = 1024. Sweep: at 3, +8 bins and -1 aligned at 128/4K/8, -1 aligned at
-    256/16K/8, +1 aligned at 1024/64K/8 and with deferral; at 12, -2 aligned at 1024/64K/8 and
-    +1 with deferral, the bins unchanged."""
 
     padding_weight: float = 0.3
     """What a padding bin of a padded step weighs against its squared token distance from the
@@ -166,4 +154,3 @@ class PlannerTunables:
 
 
 DEFAULT_TUNABLES = PlannerTunables()
-DEFAULT_LOOKAHEAD_STEPS = DEFAULT_TUNABLES.lookahead_steps
