@@ -11,10 +11,11 @@ is inside it). Prints markdown; not a timed test.
     nice -n 10 python benchmarks/bench_rank_rebalance.py [--fill-rounds R] [--evens E] [--out FILE]
 
 ``--fill-rounds`` and ``--evens`` replace `PlannerTunables.rebalance_fill_rounds` and
-``rebalance_evens_per_rank``. ``--sweep`` halves and doubles each of the four rebalance
-constants instead (those two, ``rebalance_partners`` and ``rebalance_neighbours``; halves round
-down, 0 stands for half of 1) and prints the means over the nine geometries, then the same on
-`bench_step_planning.py`'s B 4096 / 128K / dp 64 (mixed pool, 30 steps).
+``rebalance_evens_per_rank``. ``--sweep`` halves and doubles each of the three rebalance
+constants instead (those two and ``rebalance_partners``; halves round down, 0 stands for half of
+1) and prints the means over the nine geometries, then the same on `bench_step_planning.py`'s
+B 4096 / 128K / dp 64 (mixed pool, 30 steps). The saved sweep also varied a fourth, the swap
+neighbours, since fixed at one each side (`bench_hand_out_budget.py`).
 
     nice -n 10 python benchmarks/bench_rank_rebalance.py --sweep [--out FILE]
 """
@@ -97,28 +98,26 @@ def main() -> None:
     report.save()
 
 
-Setting = tuple[int, int, int, int]  # fill rounds, evens per rank, partners, neighbours
+Setting = tuple[int, int, int]  # fill rounds, evens per rank, partners
 
 
 def sweep_settings() -> list[Setting]:
-    """The defaults, then each of the four constants halved and doubled, the others kept."""
+    """The defaults, then each of the three constants halved and doubled, the others kept."""
     d = DEFAULT_TUNABLES
-    base = (d.rebalance_fill_rounds, d.rebalance_evens_per_rank, d.rebalance_partners,
-            d.rebalance_neighbours)
+    base = (d.rebalance_fill_rounds, d.rebalance_evens_per_rank, d.rebalance_partners)
     out = [base]
     for k in range(len(base)):
         for value in (base[k] // 2, base[k] * 2):
             changed = list(base)
             changed[k] = value
-            out.append((changed[0], changed[1], changed[2], changed[3]))
+            out.append((changed[0], changed[1], changed[2]))
     return out
 
 
 def with_setting(setting: Setting) -> PlannerTunables:
-    rounds, evens, partners, neighbours = setting
+    rounds, evens, partners = setting
     return replace(DEFAULT_TUNABLES, rebalance_fill_rounds=rounds,
-                   rebalance_evens_per_rank=evens, rebalance_partners=partners,
-                   rebalance_neighbours=neighbours)
+                   rebalance_evens_per_rank=evens, rebalance_partners=partners)
 
 
 def sweep(args: argparse.Namespace) -> None:
@@ -130,10 +129,10 @@ def sweep(args: argparse.Namespace) -> None:
                  "slowest-rank cost against fixed B with whole bins on the same geometry; plan "
                  "ms: the per-geometry medians, their maximum and mean. Defaults in bold.")
     report.print()
-    report.print("| fill rounds | evens per rank | partners | neighbours | planner "
+    report.print("| fill rounds | evens per rank | partners | planner "
                  "| mean slowest / mean rank | mean modeled time vs fixed B, whole bins "
                  "| plan ms median: max / mean |")
-    report.print("|---|---|---|---|---|---|---|---|")
+    report.print("|---|---|---|---|---|---|---|")
     rows: dict[tuple[Setting, bool], list[tuple[float, float, float]]] = {}
     for mix, batch, capacity, dp in GEOMETRIES:
         steps = STEPS[batch]
@@ -171,11 +170,11 @@ def sweep(args: argparse.Namespace) -> None:
     report.print(f"B {batch} / {capacity // K}K / dp {dp}, mixed pool, {steps} steps, this "
                  "planner; modeled time against whole bins:")
     report.print()
-    report.print("| fill rounds | evens per rank | partners | neighbours | slowest / mean rank "
+    report.print("| fill rounds | evens per rank | partners | slowest / mean rank "
                  "| modeled time vs whole bins | plan ms median |")
-    report.print("|---|---|---|---|---|---|---|")
+    report.print("|---|---|---|---|---|---|")
     whole = planned("karmarkar_karp")
-    report.print(f"| whole bins | - | - | - | {whole.step_time_imbalance:.4f} | 1.0000 "
+    report.print(f"| whole bins | - | - | {whole.step_time_imbalance:.4f} | 1.0000 "
                  f"| {whole.plan_ms_median:.2f} |")
     for setting in settings:
         run = planned("rebalanced", with_setting(setting))

@@ -3,6 +3,7 @@ starts with the exact command line that produced it."""
 
 from __future__ import annotations
 
+import datetime
 import platform
 import shlex
 import sys
@@ -27,6 +28,7 @@ class Report:
             return
         command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
         header = [f"Command: `{command}`", "",
+                  f"Measured: {datetime.date.today().isoformat()}", "",
                   f"Python {platform.python_version()}, numpy {np.__version__}, "
                   f"{platform.machine()}; timings from a shared 2-core machine (noisy).", ""]
         self.out.write_text("\n".join(header + self.lines) + "\n")

@@ -63,7 +63,7 @@ def hand_out(bins: Sequence[Sequence[int]], lengths: Sequence[int] | np.ndarray,
         return rebalance_examples(start, sizes, per_example, owners, capacity,
                                   fill_rounds=fill_rounds,
                                   evens_per_rank=tunables.rebalance_evens_per_rank,
-                                  neighbours=tunables.rebalance_neighbours, partners=partners,
+                                  partners=partners,
                                   microbatch_cost=microbatch_cost)
 
     out, rank_costs = rebalanced(whole, ranks, fill_rounds=tunables.rebalance_fill_rounds,

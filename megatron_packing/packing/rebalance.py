@@ -10,7 +10,7 @@ balance the ranks. This pass then changes which bin an example sits in, in two p
 2. even: the slowest rank makes the one transfer that brings it closest to even with the
    first of the ``partners`` lightest ranks that can take one, up to ``evens_per_rank`` x dp
    times, until the slowest rank finds none. A transfer is a move of one example or a swap of
-   two, among the ``neighbours`` examples on each side of the ideal cost; where neither lowers the slowest
+   two, among the example nearest the ideal cost on each side; where neither lowers the slowest
    rank, an exchange: one example into a bin of the lighter rank that is too full for it, that
    bin's smallest examples back in its place, just enough of them to make room. Equal tokens
    are unequal work, so an exchange evens two ranks whose bins are full, where no move fits
@@ -103,10 +103,9 @@ class _Step:
     """The step's mutable state: bins, their loads and counts, and each rank's cost."""
 
     def __init__(self, bins: list[list[int]], size: list[int], cost: list[float],
-                 ranks: Sequence[Sequence[int]], capacity: int, neighbours: int) -> None:
+                 ranks: Sequence[Sequence[int]], capacity: int) -> None:
         self.bins, self.size, self.cost, self.capacity = bins, size, cost, capacity
-        self.neighbours = neighbours
-        self.around = np.arange(-neighbours, neighbours)  # swap partners around the ideal
+        self.around = np.arange(-1, 1)  # swap partners: the nearest on each side of the ideal
         self.size_array = np.asarray(size, dtype=np.int64)  # size and cost as arrays, for numpy
         self.cost_array = np.asarray(cost, dtype=np.float64)
         self.count = [len(b) for b in bins]
@@ -262,7 +261,6 @@ def rebalance_examples(
     *,
     fill_rounds: int,
     evens_per_rank: int,
-    neighbours: int,
     partners: int,
     microbatch_cost: float = 0.0,
 ) -> tuple[list[list[int]], list[float]]:
@@ -280,7 +278,7 @@ def rebalance_examples(
         return out, [float(sum(each[p] for b in rank for p in out[b]))
                      + microbatch_cost * len(rank) for rank in ranks]
     step = _Step(out, np.asarray(sizes, dtype=np.int64).tolist(),
-                 np.asarray(costs, dtype=np.float64).tolist(), ranks, int(capacity), neighbours)
+                 np.asarray(costs, dtype=np.float64).tolist(), ranks, int(capacity))
     if microbatch_cost:
         step.rank_cost = [c + microbatch_cost * len(ids)
                           for c, ids in zip(step.rank_cost, step.rank_bins, strict=True)]
@@ -372,8 +370,7 @@ def _even(step: _Step, heavy: int, light: int) -> bool:
         room = [step.capacity - step.load[b] for b in targets]
         widest = max(room)
         at = bisect_left(costs, gap / 2)
-        near = step.neighbours
-        for k in range(max(0, at - near), min(len(costs), at + near)):
+        for k in range(max(0, at - 1), min(len(costs), at + 1)):  # the nearest on each side
             c, item, source = costs[k], items[k], owners[k]
             gain = min(c, gap - c)
             if gain <= best_gain or step.count[source] < 2 or step.size[item] > widest:

@@ -102,12 +102,6 @@ class PlannerTunables:
     fail before the last, so planning slows (before the retry, at B 4096 / dp 64 about 14.8 ->
     17.0-18.3 ms at 6, CPU time)."""
 
-    rebalance_neighbours: int = 2
-    """With ``rank_assignment: rebalanced``, a move or a swap partner is sought among this many
-    examples on each side of the ideal cost. Basis: the rebalance sweep: 1 and 4 end alike on
-    the held-out geometries (1.0098, 1.0099) and at B 4096 / dp 64 (1.0108 at 1, 1.0104 at 2
-    and 4)."""
-
     rebalance_retry_above: float | None = 0.03
     """With ``rank_assignment: rebalanced``, a step whose slowest rank is still more than this
     fraction of the mean rank above the least any hand-out of its bins could reach

@@ -51,7 +51,11 @@ def _digest(rows: list[Any]) -> str:
     return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def packed_digest(batch: int, capacity: int, dp: int, steps: int, options: dict[str, Any]) -> str:
+def packed_digest(batch: int, capacity: int, dp: int, steps: int, options: dict[str, Any], *,
+                  hand_out: bool = True) -> str:
+    """Every field of every step; without ``hand_out``, what each step takes (its examples, bin
+    count, padding, deferral, drift) but not which bin or rank an example went to: the hand-out
+    to ranks cannot change that part."""
     from megatron_packing import DPAlignedPackingBatchSampler
 
     lengths = pool_stream(batch * steps + batch, capacity)
@@ -63,10 +67,12 @@ def packed_digest(batch: int, capacity: int, dp: int, steps: int, options: dict[
         warnings.simplefilter("ignore")
         for step in sampler:
             plan = step.plan
-            rows.append([list(plan.example_indices), [list(b) for b in plan.bins],
-                         [list(r) for r in plan.rank_bins], plan.packed_bins, plan.padding_bins,
-                         plan.placeholder_bins, plan.aligned, list(plan.deferred), plan.drift,
-                         sorted(plan.truncated.items()), plan.num_tokens])
+            placed = ([[list(b) for b in plan.bins], [list(r) for r in plan.rank_bins]]
+                      if hand_out else [plan.num_bins])
+            rows.append([list(plan.example_indices), *placed, plan.packed_bins,
+                         plan.padding_bins, plan.placeholder_bins, plan.aligned,
+                         list(plan.deferred), plan.drift, sorted(plan.truncated.items()),
+                         plan.num_tokens])
     assert len(rows) == steps
     return _digest(rows)
 

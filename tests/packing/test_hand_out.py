@@ -25,8 +25,8 @@ def _slowest(bins: list[list[int]], costs: np.ndarray, ranks: list[list[int]]) -
 
 def _tunables(s: dict, retry: float | None):
     return replace(DEFAULT_TUNABLES, rebalance_fill_rounds=s["fill_rounds"],
-                   rebalance_evens_per_rank=s["evens"], rebalance_neighbours=s["neighbours"],
-                   rebalance_partners=s["partners"], rebalance_retry_above=retry)
+                   rebalance_evens_per_rank=s["evens"], rebalance_partners=s["partners"],
+                   rebalance_retry_above=retry)
 
 
 @settings(max_examples=300, deadline=None)
@@ -52,7 +52,7 @@ def test_the_retry_keeps_what_a_rebalance_keeps_and_never_slows_the_slowest_rank
     assert once_ranks == kk
     assert once == rebalance_examples(bins, sizes, costs, kk, capacity,
                                       fill_rounds=s["fill_rounds"], evens_per_rank=s["evens"],
-                                      neighbours=s["neighbours"], partners=s["partners"])[0]
+                                      partners=s["partners"])[0]
     again = hand_out(bins, sizes, sizes, dp, capacity, "rebalanced", _tunables(s, 0.0),
                            s["constant"])
     assert again == (out, ranks)  # deterministic: every rank computes the same hand-out

@@ -77,7 +77,7 @@ def test_moving_examples_keeps_the_bins_and_adds_the_cost_of_each_ranks_bins():
     sizes = [5, 4, 1, 2, 3, 3]
     costs = [5.0, 4.0, 1.0, 2.0, 3.0, 3.0]
     ranks = [[0, 1], [2, 3]]
-    options = dict(fill_rounds=4, evens_per_rank=1, neighbours=2, partners=3)
+    options = dict(fill_rounds=4, evens_per_rank=1, partners=3)
     plain, plain_costs = rebalance_examples(bins, sizes, costs, ranks, 10, **options)
     charged, charged_costs = rebalance_examples(bins, sizes, costs, ranks, 10, **options,
                                                 microbatch_cost=100.0)
