@@ -24,6 +24,7 @@ def _train(args: argparse.Namespace) -> int:
         format_summary,
         train,
     )
+    from megatron_packing.demo.write_faults import WriteFault
 
     try:
         cfg = load_training_config(args.config)
@@ -49,6 +50,9 @@ def _train(args: argparse.Namespace) -> int:
         return 1
     except PeerFailed:
         return 2  # rank 0 of the torchrun launch prints the refusal
+    except WriteFault as exc:  # the OS refused a write: a fault, not a refusal of the input
+        print(f"megatron-packing train: error: {exc}", file=sys.stderr, flush=True)
+        return 1
     except (ConfigError, CheckpointError, TrainingError, OutputDirInUse, OutputDirHoldsRun,
             BadRecordError, CorruptStoreError) as exc:
         print(f"megatron-packing train: error: {exc}", file=sys.stderr, flush=True)
@@ -73,13 +77,15 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _inspect_config(args: argparse.Namespace) -> int:
     from megatron_packing.config import PackingConfig, read_yaml_mapping
-    from megatron_packing.config.training import training_config_from_dict
+    from megatron_packing.config.sections import SECTIONS, read_sections
 
     document = read_yaml_mapping(args.config)
-    if isinstance(document, dict) and "packing" in document:
-        # A training YAML: check every section the way `train` will.
-        training_config_from_dict(document, source=args.config)
-    section = document.get("packing", document) if isinstance(document, dict) else {}
+    if isinstance(document, dict) and any(name in document for name in SECTIONS):
+        # A training YAML: read as every command reads it (a trainer's file as `train` does).
+        sections = read_sections(args.config, command="megatron-packing inspect")
+        section = sections.packing_values
+    else:  # a file of packing keys alone
+        section = document if isinstance(document, dict) else {}
     dp = args.dp_size
     if dp is None and isinstance(document, dict):
         dp = (document.get("train") or {}).get("dp_size")
@@ -236,6 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``megatron-packing``: one parse of the whole tree, then the subcommand."""
     args = build_parser().parse_args(argv)
+    from megatron_packing.common.user_warnings import one_line_warnings
+
+    one_line_warnings(f"megatron-packing {args.command}")
     if args.command in ("simulate", "tune"):
         from megatron_packing.reports.arguments import UsageError
         from megatron_packing.reports.commands import simulate_command, tune_command

@@ -7,7 +7,9 @@ the project. Errors name the setting, the value and what would be valid.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Literal, overload
 
 import numpy as np
@@ -159,3 +161,21 @@ def _describe_bounds(minimum: int | None, maximum: int | None) -> str:
     if maximum is not None:
         return f" <= {maximum}"
     return ""
+
+
+def output_directory(path: str | os.PathLike[str], what: str) -> Path:
+    """``path`` as a directory this process can write into, created when missing; else one
+    `ConfigError` naming ``what`` (the flag or key), the path and the OS error."""
+    directory = Path(path)
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"{what} {directory} is a file, not a directory; give a directory (it "
+                          "is created when missing)")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"{what} {directory} cannot be created: {error.strerror or error}; "
+                          "give a directory that can be written") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {directory} is not writable by this user; give a directory "
+                          "that can be written")
+    return directory

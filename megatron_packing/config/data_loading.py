@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from megatron_packing.config.training import DataConfig, _check_data
-from megatron_packing.config.yaml_io import dataclass_from_mapping
+from megatron_packing.config.training import DataConfig
 
 
 def load_data_split(data: DataConfig, paths: Sequence[str], *,
@@ -32,12 +31,4 @@ def load_data_split(data: DataConfig, paths: Sequence[str], *,
                             build_sharers=build_sharers)
 
 
-def read_data_section(document: dict[str, Any], source: str) -> DataConfig:
-    """The ``data:`` section of a training or packing YAML, checked the way ``train`` checks it."""
-    data: DataConfig = dataclass_from_mapping(DataConfig, document.get("data") or {},
-                                              source=source, what="data key")
-    _check_data(data, source)
-    return data
-
-
-__all__ = ["load_data_split", "read_data_section"]
+__all__ = ["load_data_split"]

@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from megatron_packing.common.user_warnings import UserFacingWarning
 from megatron_packing.common.validation import ConfigError
 from megatron_packing.config.components import YAML_KEYS
 
@@ -28,7 +29,7 @@ PACKED_ONLY_KEYS = tuple(key for key, row in YAML_KEYS.items() if row.mode == "p
 """Warned about (once per file and key) when ``use_sequence_packing`` is false."""
 
 
-class UnusedKeyWarning(UserWarning):
+class UnusedKeyWarning(UserFacingWarning):
     """A config key that the chosen mode does not read (it has no effect)."""
 
 

@@ -108,6 +108,16 @@ class PackingConfig:
                 check_batch_window(self.planner.batch_size, self.planner.allowed_variation, dp_size)
         return self
 
+    def check_token_ids(self, vocab_size: int, *, source: str) -> None:
+        """Every token id the section gives is a token of the model's vocabulary: the padding of
+        rows, blocks and placeholder rows is ``pad_token_id``, an embedding lookup."""
+        pad = self.collator.pad_token_id
+        if pad >= vocab_size:
+            raise ConfigError(
+                f"{source}: packing.pad_token_id {pad} is not in the vocabulary ({vocab_size} "
+                f"tokens, ids 0 to {vocab_size - 1}); give an id below {vocab_size}, e.g. the "
+                "tokenizer's pad or end-of-text id")
+
     # ---------------------------------------------------------------- construction
     @classmethod
     def from_dict(cls, values: dict[str, Any], *, source: str = "config") -> PackingConfig:

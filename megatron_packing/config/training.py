@@ -109,6 +109,8 @@ class TrainingConfig:
 
 
 _SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "logging": LoggingConfig}
+TRAINER_SECTIONS = ("model", "train", "logging")
+"""The sections only the demo trainer reads (the Megatron-LM entry point takes its arguments)."""
 
 
 class _Checker:
@@ -195,7 +197,7 @@ def _memory_bytes() -> int:
         return 2**40
 
 
-def _check_data(d: DataConfig, source: str) -> None:
+def check_data_section(d: DataConfig, source: str) -> None:
     from megatron_packing.data import LOSS_ON_CHOICES, ON_BAD_RECORD_CHOICES
 
     c = _Checker(source, "data", d)
@@ -266,7 +268,7 @@ def training_config_from_dict(document: dict[str, Any], *, source: str = "config
     packing.validate(dp_size=train.dp_size)
     _check_demo_packing(packing, source)
     _check_model(parts["model"], packing, source)
-    _check_data(parts["data"], source)
+    check_data_section(parts["data"], source)
     _check_logging(parts["logging"], source)
     return TrainingConfig(packing=packing, base_dir=base_dir, **parts)
 

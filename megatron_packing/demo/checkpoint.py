@@ -13,24 +13,28 @@ schedule and the loader state: temp name, fsync, rename), rank 0 then writes ``m
 to ``step_000020`` and only then points ``latest`` at it. A run killed mid-save leaves a
 ``.partial`` directory that resume ignores (and says so); ``latest`` still names the previous
 complete checkpoint. A checkpoint whose files do not match their manifest (truncated, damaged)
-is refused by name. A failed write (disk full) removes the partial directory and raises
-`CheckpointError` on every rank; the previous checkpoint stays as it was.
+is refused by name. A write the OS refuses (permission, read-only, disk full, file-size limit)
+removes the partial directory and raises `WriteFault` on every rank, naming the path, the OS
+error and the last complete checkpoint, which stays as it was; what the writers said is kept in
+a log file (`demo.write_faults`). Any other failed write raises `CheckpointError`.
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import io
 import json
 import os
 import shutil
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from megatron_packing.demo import write_faults
 
 LATEST = "latest"
 MANIFEST = "manifest.json"
@@ -94,10 +98,23 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def _describe_write_error(exc: OSError, path: Path) -> str:
-    if exc.errno == errno.ENOSPC:
-        return f"no space left on device while writing {path}"
-    return f"could not write {path}: {exc}"
+def _write_failure(exc: OSError, path: Path) -> dict[str, Any]:
+    """A failed write of this rank's own file, for the outcome the ranks share."""
+    if write_faults.is_write_error(exc):
+        return {"error": write_faults.describe(path, exc), "fault": True}
+    return {"error": f"could not write {path}: {exc}"}
+
+
+def _shared_write_failure(exc: BaseException, directory: Path) -> dict[str, Any]:
+    """A failed collective write into ``directory``: the OS error that stopped it, found in the
+    exception or else reproduced by a probe write (before the partial files are removed)."""
+    cause = write_faults.find_write_error(exc) or write_faults.probe_write(directory)
+    if cause is not None:
+        where = write_faults.failed_path(cause, directory)
+        return {"error": write_faults.describe(where, cause), "fault": True}
+    text = str(exc).strip()
+    return {"error": f"could not write {directory}: {type(exc).__name__}: "
+                     f"{text.splitlines()[0][:300] if text else ''}"}
 
 
 def _shared_files(directory: Path) -> dict[str, dict[str, Any]]:
@@ -121,7 +138,9 @@ def save_checkpoint(output_dir: str | Path, step: int, rank: int, state: dict[st
     save together; its files are in the manifest like the rank files.
 
     Collective when a process group is initialised: every rank must call it for the same step.
-    Raises `CheckpointError` on every rank if any rank's write failed.
+    If any rank's write failed, nothing is published and every rank raises: `WriteFault` when
+    the OS refused a write (the writers' messages and tracebacks go to the fault log the message
+    names), else `CheckpointError`.
     """
     root = checkpoint_root(output_dir)
     final = root / step_dir_name(step)
@@ -134,14 +153,21 @@ def save_checkpoint(output_dir: str | Path, step: int, rank: int, state: dict[st
     _barrier()
     path = partial / f"rank{rank}.pt"
     outcome: dict[str, Any] = {"rank": rank}
+    details = ""  # what the writers said and the failure's traceback, for the fault log
     if write_shared is not None:
-        try:
-            write_shared(partial / SHARED)
-        except OSError as exc:
-            outcome["error"] = _describe_write_error(exc, partial / SHARED)
-        except Exception as exc:  # the writer's own errors wrap the OSError; one line of it
-            outcome["error"] = (f"could not write {partial / SHARED}: {type(exc).__name__}: "
-                                f"{str(exc).strip().splitlines()[0][:300] if str(exc) else ''}")
+        failure: BaseException | None = None
+        with write_faults.collected_log_records() as said:
+            try:
+                write_shared(partial / SHARED)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as exc:  # torch's CheckpointException is a BaseException
+                failure = exc
+        if failure is None:
+            write_faults.show(said)
+        else:
+            outcome.update(_shared_write_failure(failure, partial / SHARED))
+            details = "\n".join([*said, "".join(traceback.format_exception(failure))])
     buffer = io.BytesIO()
     torch.save({**state, "step": step}, buffer)
     data = buffer.getvalue()
@@ -150,18 +176,23 @@ def save_checkpoint(output_dir: str | Path, step: int, rank: int, state: dict[st
             _write_atomic(path, data)
             outcome.update(file=path.name, bytes=len(data), sha256=_sha256(data))
         except OSError as exc:
-            outcome["error"] = _describe_write_error(exc, path)
+            outcome.update(_write_failure(exc, path))
     outcomes = _gather(outcome)
-    errors = [o["error"] for o in outcomes if "error" in o]
+    errors = list(dict.fromkeys(o["error"] for o in outcomes if "error" in o))
     if errors:
         _barrier()
         if rank == 0:
             shutil.rmtree(partial, ignore_errors=True)
-        previous = latest_checkpoint(output_dir)
-        kept = f"the previous checkpoint {previous} is intact" if previous else \
-            "there is no earlier checkpoint"
-        raise CheckpointError(f"checkpoint of step {step} failed: {'; '.join(errors)}; "
-                              f"nothing was published and {kept}")
+        _barrier()  # the partial files are gone: a full disk has room for the fault log again
+        log = write_faults.keep_log(output_dir, rank, details) if details else None
+        logs = sorted({str(p) for p in _gather(log) if p is not None})
+        message = (f"checkpoint of step {step} failed: {'; '.join(errors)}; nothing was "
+                   f"published and {write_faults.checkpoint_note(output_dir)}")
+        if logs:
+            message += f"; the writers' messages and tracebacks are in {', '.join(logs)}"
+        if any(o.get("fault") for o in outcomes):
+            raise write_faults.WriteFault(message)
+        raise CheckpointError(message)
     if rank == 0:
         files = {o["file"]: {"bytes": o["bytes"], "sha256": o["sha256"]} for o in outcomes}
         if write_shared is not None:

@@ -4,8 +4,10 @@ Two ways in: `spawn_data_parallel` starts the ranks itself and supervises them; 
 ``torchrun`` (its ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR`` environment) the
 current process is one rank and `run_as_torchrun_rank` runs it without spawning.
 
-Ranks die with their launcher: each asks Linux for SIGKILL when its parent dies
-(``prctl(PR_SET_PDEATHSIG)``) and a watchdog thread exits when the parent pid changes (any OS).
+No process outlives the launcher (`megatron_packing.common.process_lifetime`): each rank leads
+a process group holding everything it starts (loader workers, checkpoint writer helpers, the
+``torch_dist`` writer's manager process); a rank whose launcher dies kills its group, and the
+launcher kills a rank's group before it reaps the rank.
 SIGINT / SIGTERM never kill a rank mid-step: they set a stop request that the ranks agree on
 at the next step boundary (`agreed_stop_signal`), so every rank stops at the same step.
 The spawning launcher turns its own SIGINT / SIGTERM into that request for every rank, kills
@@ -15,7 +17,6 @@ them after ``grace_s`` or at a second signal, and raises `RunInterrupted`.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime
 import json
 import multiprocessing.connection
@@ -34,13 +35,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from megatron_packing.common import quiet_start
+from megatron_packing.common import process_lifetime, quiet_start
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 TIMEOUT_ENV = "MEGATRON_PACKING_DIST_TIMEOUT_S"
 """Seconds a collective waits for its peers before failing (default: torch's 30 minutes).
 The tests set it low, so that ranks that fell out of step fail in seconds, not half an hour."""
-_PR_SET_PDEATHSIG = 1
 _stop_request = {"signal": 0}
 
 
@@ -150,19 +150,10 @@ def agreed_stop_signal(group: dist.ProcessGroup | None = None) -> int:
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    """Exit when the launcher is gone: PDEATHSIG on Linux, and a parent-pid watchdog thread."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    if os.getppid() != parent_pid:  # the launcher died before prctl took effect
-        os._exit(1)
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+    """This rank and all it starts end when ``parent_pid`` (the launcher) ends."""
+    process_lifetime.clear_parent_death_signal()
+    process_lifetime.lead_process_group()
+    process_lifetime.end_group_with_parent(parent_pid)
 
 
 def _report_path(report_dir: str, rank: int) -> str:
@@ -170,10 +161,12 @@ def _report_path(report_dir: str, rank: int) -> str:
 
 
 def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, parent_pid: int,
-           args: tuple, report_dir: str, refusals: tuple[type[BaseException], ...]) -> None:
+           args: tuple, report_dir: str, refusals: tuple[type[BaseException], ...],
+           faults: tuple[type[BaseException], ...]) -> None:
     """One spawned rank: a failure is written to its report file (read by the launcher) and
-    ends the process with exit code 2 (a refusal) or 1, never with a traceback of its own.
-    The launcher's collapse of known third-party warnings holds here too (`quiet_start`)."""
+    ends the process with exit code 2 (a refusal) or 1 (a fault or a bug), never with a
+    traceback of its own. The launcher's collapse of known third-party warnings holds here too
+    (`quiet_start`)."""
     quiet_start.inherit()
     _die_with_parent(parent_pid)
     install_stop_handlers()
@@ -181,10 +174,15 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, parent
     try:
         init_data_parallel(rank, world_size, port)
         fn(rank, world_size, *args)
+    except faults as exc:  # one message, which names where the details are
+        _write_report(report_dir, rank, {"refusal": False, "message": str(exc)})
+        code = 1
     except refusals as exc:
         _write_report(report_dir, rank, {"refusal": True, "message": str(exc)})
         code = 2
-    except Exception as exc:  # a bug: the launcher shows the traceback
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # a bug, even one outside Exception: the launcher shows it
         _write_report(report_dir, rank, {"refusal": False,
                                          "message": f"{type(exc).__name__}: {exc}",
                                          "traceback": traceback.format_exc()})
@@ -230,39 +228,92 @@ def _first_failure(report_dir: str, codes: list[int | None]) -> RankFailed:
                       "checkpoint is intact)", refusal=False)
 
 
-def _signal_all(processes: list[Any], signum: int) -> None:
-    for process in processes:
-        if process.is_alive() and process.pid is not None:
+def _has_exited(pid: int) -> bool:
+    """Whether the child ``pid`` has exited, without reaping it (it stays a zombie)."""
+    if not hasattr(os, "waitid"):
+        return True  # no way to look without reaping: the caller reaps now
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+class _Ranks:
+    """The spawned ranks, reaped only once their process groups are killed.
+
+    A rank's pid is its process group's id; until the rank is reaped no other process can take
+    that pid, so killing the group then can only reach what the rank started.
+    """
+
+    def __init__(self, processes: list[Any]) -> None:
+        self.processes = processes
+        self.codes: dict[int, int | None] = {}
+
+    def running(self) -> list[Any]:
+        return [p for rank, p in enumerate(self.processes) if rank not in self.codes]
+
+    def exit_codes(self) -> list[int | None]:
+        """Each rank's exit code (None while it runs); an ended rank's group is killed first."""
+        for rank, process in enumerate(self.processes):
+            if rank not in self.codes and _has_exited(process.pid):
+                process_lifetime.kill_process_group(process.pid)
+                process.join()
+                self.codes[rank] = process.exitcode
+        return [self.codes.get(rank) for rank in range(len(self.processes))]
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to every running rank (not to what it started)."""
+        for process in self.running():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(process.pid, signum)
+
+    def kill_groups(self) -> None:
+        """SIGKILL every running rank with its whole process group."""
+        for process in self.running():
+            process_lifetime.kill_process_group(process.pid)
+
+    def kill(self) -> None:
+        """Kill every rank with its whole process group and reap them."""
+        self.kill_groups()
+        deadline = time.monotonic() + 10
+        while self.running() and time.monotonic() < deadline:
+            self.exit_codes()
+            time.sleep(0.05)
 
 
 def spawn_data_parallel(fn: Callable[..., Any], world_size: int, *args: Any,
                         grace_s: float = 60.0,
-                        refusals: tuple[type[BaseException], ...] = ()) -> None:
+                        refusals: tuple[type[BaseException], ...] = (),
+                        faults: tuple[type[BaseException], ...] = ()) -> None:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes; raise if any fails.
 
     ``fn`` must be importable by name (a module-level function). SIGINT / SIGTERM to this
     process asks the ranks to stop (see the module docstring) and raises `RunInterrupted`.
     A failed rank raises `RankFailed` once, for the first failure: ``refusals`` are the
-    exception types that are a refusal of the input rather than a bug.
+    exception types that are a refusal of the input, ``faults`` those that are a fault whose
+    message says all (no traceback); anything else is a bug. When this returns or raises, no
+    rank and nothing a rank started is left.
     """
     with tempfile.TemporaryDirectory(prefix="megatron-packing-ranks-") as report_dir:
-        _spawn(fn, world_size, args, grace_s, refusals, report_dir)
+        _spawn(fn, world_size, args, grace_s, refusals, faults, report_dir)
 
 
 def _spawn(fn: Callable[..., Any], world_size: int, args: tuple, grace_s: float,
-           refusals: tuple[type[BaseException], ...], report_dir: str) -> None:
+           refusals: tuple[type[BaseException], ...], faults: tuple[type[BaseException], ...],
+           report_dir: str) -> None:
     context = mp.start_processes(_entry, args=(fn, world_size, free_port(), os.getpid(), args,
-                                               report_dir, refusals),
+                                               report_dir, refusals, faults),
                                  nprocs=world_size, join=False, start_method="spawn")
-    processes = context.processes
+    ranks = _Ranks(context.processes)
     received: list[int] = []
     failure: RankFailed | None = None
 
     def on_signal(signum: int, frame: Any) -> None:
         received.append(signum)
-        _signal_all(processes, signal.SIGTERM if len(received) == 1 else signal.SIGKILL)
+        if len(received) == 1:
+            ranks.signal(signal.SIGTERM)
+        else:
+            ranks.kill_groups()
 
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)} \
@@ -270,27 +321,25 @@ def _spawn(fn: Callable[..., Any], world_size: int, args: tuple, grace_s: float,
     try:
         deadline: float | None = None
         while True:
-            alive = [p.sentinel for p in processes if p.exitcode is None]
+            alive = [p.sentinel for p in ranks.running()]
             if alive:
                 multiprocessing.connection.wait(alive, timeout=0.5)
-            codes = [p.exitcode for p in processes]
+            codes = ranks.exit_codes()
             failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
             if failed and not received:  # the first failure; the others lost their peer
                 time.sleep(0.5)  # let a rank that fails at the same moment write its report
-                failure = _first_failure(report_dir, [p.exitcode for p in processes])
+                failure = _first_failure(report_dir, ranks.exit_codes())
                 break
             if all(code is not None for code in codes) or (failed and received):
                 break  # all done, or a rank stopped on purpose
             if received and deadline is None:
                 deadline = time.monotonic() + grace_s
             if deadline is not None and time.monotonic() > deadline:
-                _signal_all(processes, signal.SIGKILL)
+                ranks.kill_groups()
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        _signal_all(processes, signal.SIGKILL)  # never leave a rank behind
-        for process in processes:
-            process.join(timeout=5)
+        ranks.kill()  # never leave a rank, or anything a rank started, behind
     if received:
         raise RunInterrupted(received[0])
     if failure is not None:

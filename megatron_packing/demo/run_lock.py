@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from megatron_packing.demo.write_faults import naming
+
 LOCK_FILE = ".run.lock"
 
 
@@ -39,8 +41,9 @@ def hold_output_dir(directory: str | Path) -> Iterator[Path]:
             f"lock file {path}); wait for it to end or stop it, or pick another --output-dir"
         ) from None
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        with naming(path):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield path
     finally:
         os.ftruncate(fd, 0)

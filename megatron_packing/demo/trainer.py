@@ -58,6 +58,12 @@ from megatron_packing.demo.launch import (
 from megatron_packing.demo.run_dir import check_output_path, claim_output_dir
 from megatron_packing.demo.run_lock import hold_output_dirs
 from megatron_packing.demo.weights import WeightsMismatch, load_weights, save_weights
+from megatron_packing.demo.write_faults import (
+    WriteFault,
+    is_write_error,
+    naming,
+    write_faults_named,
+)
 from megatron_packing.loader.metrics import (
     JsonlLogger,
     MetricsLogger,
@@ -137,9 +143,11 @@ def launch_runs(cfg: TrainingConfig, specs: list[RunSpec]) -> list[dict[str, Any
     if launched is None:
         for spec in specs:
             check_output_path(spec.output_dir)
-        with hold_output_dirs([s.output_dir for s in specs]):
+        outputs = [s.output_dir for s in specs]
+        with write_faults_named(outputs), hold_output_dirs(outputs):
             _prepare_launch(cfg, specs)
-            spawn_data_parallel(_worker, cfg.train.dp_size, cfg, specs, refusals=REFUSALS)
+            spawn_data_parallel(_worker, cfg.train.dp_size, cfg, specs, refusals=REFUSALS,
+                                faults=(WriteFault,))
     else:
         if launched[1] != cfg.train.dp_size:
             raise TrainingError(f"torchrun started {launched[1]} processes but train.dp_size is "
@@ -158,11 +166,14 @@ def _prepare_launch(cfg: TrainingConfig, specs: list[RunSpec]) -> None:
             print(f"[train] {note}", flush=True)
     from megatron_packing.data import BadRecordError, CorruptStoreError
 
+    cfg.packing.check_token_ids(_vocab_size(cfg), source="the training YAML")
     try:  # tokenized once here: the ranks only read the cached index
         dataset = _load_dataset(cfg)
     except (BadRecordError, CorruptStoreError):
         raise
     except (ValueError, OSError) as exc:  # an unreadable tokenizer or data file
+        if is_write_error(exc):  # the length-index cache cannot be written: a write fault
+            raise
         raise TrainingError(f"cannot load the data ({', '.join(cfg.data.paths)}): {exc}") from None
     if len(dataset) == 0:
         skipped = dict(dataset.skipped) if hasattr(dataset, "skipped") else {}
@@ -251,17 +262,22 @@ def _torchrun_worker(rank: int, world: int, cfg: TrainingConfig, specs: list[Run
     """Rank 0 holds the locks and prepares; every rank learns its outcome, then trains."""
     with ExitStack() as stack:
         error = None
+        fault = False
         if rank == 0:
             try:
-                stack.enter_context(hold_output_dirs([s.output_dir for s in specs]))
-                _prepare_launch(cfg, specs)
+                outputs = [s.output_dir for s in specs]
+                with write_faults_named(outputs):
+                    stack.enter_context(hold_output_dirs(outputs))
+                    _prepare_launch(cfg, specs)
+            except WriteFault as exc:
+                error, fault = str(exc), True
             except Exception as exc:  # shared with the other ranks, then raised everywhere
                 error = f"{type(exc).__name__}: {exc}"
-        outcome = [error]
+        outcome = [error, fault]
         dist.broadcast_object_list(outcome, src=0)
         if outcome[0] is not None:
             if rank == 0:
-                raise TrainingError(outcome[0])
+                raise (WriteFault if outcome[1] else TrainingError)(outcome[0])
             raise PeerFailed(f"rank 0 failed: {outcome[0]}")
         stopped_by = _worker(rank, world, cfg, specs)
     if stopped_by:
@@ -287,7 +303,8 @@ def _vocab_size(cfg: TrainingConfig) -> int:
 def _worker(rank: int, world: int, cfg: TrainingConfig, specs: list[RunSpec]) -> int:
     """Run the specs in order; return the stop signal that ended them early (0: none)."""
     for spec in specs:
-        stopped_by = _run(rank, world, cfg, spec)
+        with write_faults_named([spec.output_dir]):
+            stopped_by = _run(rank, world, cfg, spec)
         if stopped_by:
             return stopped_by
     return 0
@@ -460,13 +477,15 @@ def _run(rank: int, world: int, cfg: TrainingConfig, spec: RunSpec) -> int:
         host.validate(result.step)  # as Megatron-LM's pretrain(): a validation after training
     parts.stream.close()
     if logger is not None:
-        logger.finish()
+        with naming(out / METRICS_FILE):
+            logger.finish()
     calls: list[int] = [0] * world
     dist.all_gather_object(calls, parts.model_calls[0], group=parts.group)
     if rank == 0:
         summary = summarize(out, total_steps=tc.steps, seconds=time.perf_counter() - started)
         summary["model_calls_per_rank"] = calls  # this launch's forward calls, rank by rank
-        (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+        with naming(out / SUMMARY_FILE):
+            (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         if cfg.logging.plot:
             plot_metrics(out)
     dist.barrier()
@@ -498,7 +517,8 @@ class DemoHost(StepHost):
 
     def report(self, record: StepRecord) -> None:
         if self.logger is not None:
-            self.logger.log(record.metrics, step=record.step - 1)
+            with naming(self.out / METRICS_FILE):
+                self.logger.log(record.metrics, step=record.step - 1)
         meta, done = record.batch.meta, record.done
         if self.rank == 0 and self.log_every and (record.step % self.log_every == 0
                                                    or record.step == 1):
@@ -518,7 +538,7 @@ class DemoHost(StepHost):
         loss = self.parts.validate(step)
         self.last_validated = step
         if self.rank == 0:
-            with open(self.out / VALID_FILE, "a") as f:
+            with naming(self.out / VALID_FILE), open(self.out / VALID_FILE, "a") as f:
                 f.write(json.dumps({"step": step, "valid/loss": loss}) + "\n")
             if self.log_every:
                 print(f"[train] validation after step {step}: loss {loss:.4f}", flush=True)

@@ -9,6 +9,7 @@ loader with another ``num_workers``; a state from another setup, or an empty one
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ from megatron_packing.packed.components import (
 )
 from megatron_packing.padded.components import build_padded_components
 from megatron_packing.stream.state_checks import saved_dp_size
+from megatron_packing.stream.step_stream import LiveIteratorWarning, warn_live_iterator
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,13 @@ class PackingDataLoader(StatefulDataLoader):
     data-parallel size or worker count resumes from with `load_stream_state`.
     """
 
+    def _note_live_iterator(self, call: str) -> None:
+        """A state loaded while an iterator of this loader runs applies from the next
+        ``iter(loader)``: say so once (`LiveIteratorWarning`)."""
+        live = self._iterator
+        if live is not None and not live._finished and not self._initial_iter_for_state_dict:
+            warn_live_iterator(self, call, "iter(loader)")
+
     def _load_resized(self, state_dict: dict[str, Any], saved_dp: int) -> None:
         """A state saved at another data-parallel size: its sampler position is global, so it
         loads as is where no step was yielded after the saving loader's last snapshot."""
@@ -137,8 +146,11 @@ class PackingDataLoader(StatefulDataLoader):
         """Resume from the global part of a loader state, saved at any data-parallel size and
         worker count: the next iterator plans this loader's steps from the saved position."""
         self.check_stream_state(stream_state)
+        self._note_live_iterator("PackingDataLoader.load_stream_state")  # once per loader
         sampler: Any = self.batch_sampler
-        sampler.load_state_dict(stream_state["sampler"])
+        with warnings.catch_warnings():  # said once, here, for the loader's iterator
+            warnings.simplefilter("ignore", LiveIteratorWarning)
+            sampler.load_state_dict(stream_state["sampler"])
         super().load_state_dict({})  # no loader-level state: the next iter() starts fresh
         self.next_iter_state = None  # from the sampler's position
 
@@ -157,6 +169,7 @@ class PackingDataLoader(StatefulDataLoader):
         saved = sampler_state(state_dict)
         if callable(check):  # refuse a wrong state now, not at the first iteration
             check(saved)
+        self._note_live_iterator("PackingDataLoader.load_state_dict")
         sampler: Any = self.batch_sampler
         saved_dp = saved_dp_size(saved)
         if saved_dp is not None and saved_dp != getattr(sampler, "dp_size", saved_dp):
@@ -165,8 +178,10 @@ class PackingDataLoader(StatefulDataLoader):
         if saved_worker_count(state_dict) == self.num_workers:
             super().load_state_dict(state_dict)
             return
-        position = stream_position(state_dict, self.batch_sampler)
-        self.batch_sampler.load_state_dict(position.sampler_state)
+        with warnings.catch_warnings():  # said once, above, for the loader's iterator
+            warnings.simplefilter("ignore", LiveIteratorWarning)
+            position = stream_position(state_dict, self.batch_sampler)
+            sampler.load_state_dict(position.sampler_state)
         super().load_state_dict({})  # no loader-level state: the next iter() starts fresh
         self.next_iter_state = None  # from the sampler's position
 

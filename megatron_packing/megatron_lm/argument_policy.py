@@ -13,6 +13,11 @@ with its fate:
 ``tests/megatron_lm/test_argument_policy.py`` walks Megatron's parser and its training loop and
 fails when an argument the loop reads is in neither list; ``docs/megatron_lm.md``'s table is
 generated from `POLICY` (`policy_table`).
+
+`COMBINATIONS` are arguments that each parse but that Megatron refuses together later, after
+start-up: its ``validate_args``, its optimizer config or its LR scheduler assert (mostly with no
+message), the scheduler only once the model is built. Each is refused at start-up instead, with
+one line naming the flags, their values and what would work (`combination_table` for the docs).
 """
 
 from __future__ import annotations
@@ -82,6 +87,17 @@ POLICY: dict[str, Honoured | Refused] = {
     "train_samples": Refused(
         "--train-samples: the packing loop schedules by iterations; use --train-iters",
         ("--train-samples", "64")),
+    "lr_decay_samples": Refused(
+        "--lr-decay-samples: the packing loop schedules by iterations (--train-iters) and sizes "
+        "the schedule in examples itself; use --lr-decay-iters", ("--lr-decay-samples", "64")),
+    "lr_warmup_samples": Refused(
+        "--lr-warmup-samples: the packing loop schedules by iterations (--train-iters) and sizes "
+        "the schedule in examples itself; use --lr-warmup-iters or --lr-warmup-fraction",
+        ("--lr-warmup-samples", "16")),
+    "lr_wsd_decay_samples": Refused(
+        "--lr-wsd-decay-samples: the packing loop schedules by iterations (--train-iters) and "
+        "sizes the schedule in examples itself; use --lr-wsd-decay-iters",
+        ("--lr-wsd-decay-samples", "16")),
     "rampup_batch_size": Refused(
         "--rampup-batch-size: the packing loop already varies the batch per step and cannot "
         "ramp it; remove the argument (warm up with --lr-warmup-iters instead)",
@@ -432,6 +448,301 @@ POLICY: dict[str, Honoured | Refused] = {
 }
 
 
+@dataclass(frozen=True)
+class Combination:
+    """Arguments that each parse but that Megatron refuses together, later.
+
+    ``holds`` is what must hold, ``where`` where Megatron fails otherwise (for the docs);
+    ``refuse(args)`` returns the one line that names the flags, their values and what would
+    work, or None. ``sample`` breaks the rule (added to a valid command line, with ``without``'s
+    flags and their values taken out of it), for the tests that run it through Megatron's parser
+    and through Megatron itself. ``training_only``: Megatron builds what fails (its optimizer
+    and scheduler) only to train, so ``--skip-train`` is not refused.
+    """
+
+    flags: str
+    holds: str
+    where: str
+    refuse: Callable[[Any], str | None]
+    sample: tuple[str, ...]
+    without: tuple[str, ...] = ()
+    training_only: bool = False
+
+
+SCHEDULER = "OptimizerParamScheduler.__init__"
+VALIDATE = "validate_args"
+OPTIMIZER_CONFIG = "OptimizerConfig.__post_init__"
+
+
+def shown(value: Any) -> str:
+    """An argument's value as a message shows it (floats short: 0.0003, 1e-05)."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def decay_iterations(args: Any) -> tuple[str, int | None]:
+    """The flag and the iterations over which Megatron's LR decays: ``--lr-decay-iters``, by
+    default ``--train-iters``."""
+    if args.lr_decay_iters is not None:
+        return "--lr-decay-iters", args.lr_decay_iters
+    return "--train-iters", args.train_iters
+
+
+def _no_lr(args: Any) -> str | None:
+    if args.lr is not None:
+        return None
+    return ("--lr is not given: Megatron's LR scheduler needs the peak learning rate (it fails on "
+            "float(None) once the model is built); give --lr, for example --lr 1e-5")
+
+
+def _min_lr_above_lr(args: Any) -> str | None:
+    if args.lr is None or args.min_lr <= args.lr:
+        return None
+    return (f"--min-lr {shown(args.min_lr)} is above --lr {shown(args.lr)}: the LR decays from "
+            f"--lr down to --min-lr; give --min-lr {shown(args.lr)} or less")
+
+
+def _negative_min_lr(args: Any) -> str | None:
+    if args.min_lr >= 0:
+        return None
+    return (f"--min-lr {shown(args.min_lr)}: a learning rate cannot be negative; give --min-lr 0 "
+            "or more")
+
+
+def _warmup_init_above_lr(args: Any) -> str | None:
+    if args.lr is None or args.lr_warmup_init <= args.lr:
+        return None
+    return (f"--lr-warmup-init {shown(args.lr_warmup_init)} is above --lr {shown(args.lr)}: the "
+            f"warm-up rises from --lr-warmup-init to --lr; give --lr-warmup-init "
+            f"{shown(args.lr)} or less")
+
+
+def _decay_not_positive(args: Any) -> str | None:
+    if args.lr_decay_iters is None or args.lr_decay_iters > 0:
+        return None
+    return (f"--lr-decay-iters {args.lr_decay_iters}: the LR decays over that many iterations, "
+            "at least 1; give a positive number, or leave it out (the LR then decays over "
+            "--train-iters)")
+
+
+def _warmup_not_shorter(args: Any) -> str | None:
+    flag, decay = decay_iterations(args)
+    if not decay or decay <= 0:
+        return None  # no iterations at all, or _decay_not_positive
+    if args.lr_warmup_fraction is not None:
+        if args.lr_warmup_fraction < 1:
+            return None
+        return (f"--lr-warmup-fraction {shown(args.lr_warmup_fraction)}: the warm-up would last "
+                f"the whole LR decay ({flag} {decay}), and Megatron's scheduler needs it to end "
+                "before the decay does; give a fraction below 1")
+    if args.lr_warmup_iters < decay:
+        return None
+    return (f"--lr-warmup-iters {args.lr_warmup_iters} is not shorter than {flag} {decay}: "
+            "Megatron's scheduler needs the warm-up to end before the LR decay does; give "
+            f"--lr-warmup-iters {decay - 1} or less (or a longer {flag})")
+
+
+def _fraction_and_iterations(args: Any) -> str | None:
+    if args.lr_warmup_fraction is None or args.lr_warmup_iters == 0:
+        return None
+    return (f"--lr-warmup-fraction {shown(args.lr_warmup_fraction)} with --lr-warmup-iters "
+            f"{args.lr_warmup_iters}: Megatron takes one warm-up length; give only one of them")
+
+
+def _wsd_without_iterations(args: Any) -> str | None:
+    if args.lr_decay_style != "WSD" or args.lr_wsd_decay_iters is not None:
+        return None
+    flag, decay = decay_iterations(args)
+    return ("--lr-decay-style WSD needs --lr-wsd-decay-iters, the iterations of its final "
+            f"decay; give it (at most {flag} {decay})")
+
+
+def _weight_decay_bounds(args: Any) -> str:
+    return " ".join(f"{flag} {shown(value)}" for flag, value in (
+        ("--start-weight-decay", args.start_weight_decay),
+        ("--end-weight-decay", args.end_weight_decay)) if value is not None)
+
+
+def _bounds_with_constant_style(args: Any) -> str | None:
+    if args.weight_decay_incr_style != "constant" or \
+            (args.start_weight_decay is None and args.end_weight_decay is None):
+        return None
+    return (f"{_weight_decay_bounds(args)} with --weight-decay-incr-style constant (the default): "
+            "a constant weight decay is --weight-decay; add --weight-decay-incr-style linear or "
+            "cosine, or drop them")
+
+
+def _style_without_bounds(args: Any) -> str | None:
+    if args.weight_decay_incr_style == "constant" or \
+            (args.start_weight_decay is not None and args.end_weight_decay is not None):
+        return None
+    given = _weight_decay_bounds(args)
+    return (f"--weight-decay-incr-style {args.weight_decay_incr_style}"
+            + (f" with only {given}" if given else "")
+            + ": the weight decay rises from --start-weight-decay to --end-weight-decay; give both")
+
+
+def _weight_decay_falls(args: Any) -> str | None:
+    start, end = args.start_weight_decay, args.end_weight_decay
+    if args.weight_decay_incr_style == "constant" or start is None or end is None or end >= start:
+        return None
+    return (f"--start-weight-decay {shown(start)} is above --end-weight-decay {shown(end)}: "
+            f"Megatron's weight-decay schedule can only rise; give --end-weight-decay "
+            f"{shown(start)} or more (or --weight-decay-incr-style constant with --weight-decay)")
+
+
+def _negative_weight_decay(args: Any) -> str | None:
+    if args.weight_decay_incr_style == "constant":
+        flag, value = "--weight-decay", args.weight_decay
+    else:
+        flag, value = "--start-weight-decay", args.start_weight_decay
+    if value is None or value >= 0:
+        return None
+    return f"{flag} {shown(value)}: weight decay cannot be negative; give {flag} 0 or more"
+
+
+def _override_and_checkpoint_schedule(args: Any) -> str | None:
+    if not (args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler):
+        return None
+    return ("--override-opt_param-scheduler with --use-checkpoint-opt_param-scheduler: the first "
+            "takes this run's LR schedule on --load, the second the checkpoint's; give one of them")
+
+
+def _save_without_interval(args: Any) -> str | None:
+    if args.save is None or (args.save_interval is not None and args.save_interval > 0):
+        return None
+    got = "no --save-interval" if args.save_interval is None else \
+        f"--save-interval {args.save_interval}"
+    return (f"--save {args.save} with {got}: Megatron needs a positive --save-interval with "
+            "--save; give one, for example --save-interval 1000 (the run's last iteration is "
+            "saved either way)")
+
+
+def _retain_interval(args: Any) -> str | None:
+    save_every, retain = args.save_interval, getattr(args, "save_retain_interval", None)
+    if args.save is None or retain is None or not save_every or save_every <= 0 or \
+            (retain > 0 and retain % save_every == 0):
+        return None
+    return (f"--save-retain-interval {retain} with --save-interval {save_every}: the retained "
+            "checkpoints must be saved ones; give a positive multiple of --save-interval, for "
+            f"example --save-retain-interval {save_every * max(1, round(retain / save_every))}")
+
+
+def _memory_interval(args: Any) -> str | None:
+    every, log_every = args.log_memory_interval, args.log_interval
+    if every is None or not log_every or every % log_every == 0:
+        return None
+    return (f"--log-memory-interval {every} with --log-interval {log_every}: memory is logged "
+            "with the log lines; give a multiple of --log-interval, for example "
+            f"--log-memory-interval {log_every * max(1, every // log_every)}")
+
+
+def _offload_without_precision_aware(args: Any) -> str | None:
+    if not args.optimizer_cpu_offload or args.use_precision_aware_optimizer:
+        return None
+    return ("--optimizer-cpu-offload without --use-precision-aware-optimizer: Megatron's hybrid "
+            "device optimizer runs through it; add --use-precision-aware-optimizer (with "
+            "--use-distributed-optimizer), or drop --optimizer-cpu-offload")
+
+
+def _precision_aware_needs(args: Any) -> str | None:
+    if not args.use_precision_aware_optimizer:
+        return None
+    missing = ([] if args.optimizer == "adam" else [f"--optimizer adam (not {args.optimizer})"]) \
+        + ([] if args.use_distributed_optimizer else ["--use-distributed-optimizer"])
+    if not missing:
+        return None
+    return (f"--use-precision-aware-optimizer needs {' and '.join(missing)}; add "
+            f"{'them' if len(missing) > 1 else 'it'}, or drop --use-precision-aware-optimizer")
+
+
+_STATE_DTYPES = ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
+
+
+def _low_precision_states(args: Any) -> str | None:
+    if args.use_precision_aware_optimizer:
+        return None
+    lowered = [f"--{dest.replace('_', '-')} {getattr(args, dest)}" for dest in _STATE_DTYPES
+               if str(getattr(args, dest, "fp32")) not in ("fp32", "torch.float32")]
+    if not lowered:
+        return None
+    return (f"{', '.join(lowered)} without --use-precision-aware-optimizer: the optimizer keeps "
+            "these in fp32 otherwise; add --use-precision-aware-optimizer (with "
+            "--use-distributed-optimizer), or drop them")
+
+
+COMBINATIONS: tuple[Combination, ...] = (
+    Combination("--lr", "given", f"{SCHEDULER}: float(max_lr)", _no_lr, (), ("--lr",),
+                training_only=True),
+    Combination("--min-lr, --lr", "--min-lr <= --lr", f"{VALIDATE}: min_lr <= lr",
+                _min_lr_above_lr, ("--min-lr", "1.0")),
+    Combination("--min-lr", ">= 0", f"{SCHEDULER}: min_lr >= 0.0", _negative_min_lr,
+                ("--min-lr=-1e-4",), training_only=True),
+    Combination("--lr-warmup-init, --lr", "--lr-warmup-init <= --lr",
+                f"{SCHEDULER}: init_lr <= max_lr", _warmup_init_above_lr,
+                ("--lr-warmup-init", "1.0"), training_only=True),
+    Combination("--lr-decay-iters", "> 0", f"{SCHEDULER}: lr_decay_steps > 0",
+                _decay_not_positive, ("--lr-decay-iters", "0"), training_only=True),
+    Combination("--lr-warmup-iters / --lr-warmup-fraction, --lr-decay-iters / --train-iters",
+                "--lr-warmup-iters < --lr-decay-iters (default --train-iters); "
+                "--lr-warmup-fraction < 1", f"{SCHEDULER}: lr_warmup_steps < lr_decay_steps",
+                _warmup_not_shorter, ("--lr-warmup-iters", "4"), training_only=True),
+    Combination("--lr-warmup-fraction, --lr-warmup-iters", "only one of them",
+                f"{VALIDATE}: lr_warmup_iters == 0 with lr_warmup_fraction",
+                _fraction_and_iterations, ("--lr-warmup-fraction", "0.5")),
+    Combination("--lr-decay-style WSD, --lr-wsd-decay-iters", "--lr-wsd-decay-iters given",
+                f"{SCHEDULER}: wsd_decay_steps is not None", _wsd_without_iterations,
+                ("--lr-decay-style", "WSD"), training_only=True),
+    Combination("--start-weight-decay / --end-weight-decay, --weight-decay-incr-style",
+                "only with --weight-decay-incr-style linear or cosine",
+                f"{VALIDATE}: start_weight_decay is None (constant style)",
+                _bounds_with_constant_style, ("--start-weight-decay", "0.0",
+                                              "--end-weight-decay", "0.1")),
+    Combination("--weight-decay-incr-style, --start-weight-decay, --end-weight-decay",
+                "linear / cosine: both bounds given",
+                f"{VALIDATE}: start_weight_decay / end_weight_decay is not None",
+                _style_without_bounds, ("--weight-decay-incr-style", "linear")),
+    Combination("--start-weight-decay, --end-weight-decay",
+                "--start-weight-decay <= --end-weight-decay", f"{SCHEDULER}: end_wd >= start_wd",
+                _weight_decay_falls, ("--weight-decay-incr-style", "linear",
+                                      "--start-weight-decay", "0.1", "--end-weight-decay",
+                                      "0.01"), training_only=True),
+    Combination("--weight-decay / --start-weight-decay", ">= 0", f"{SCHEDULER}: start_wd >= 0.0",
+                _negative_weight_decay, ("--weight-decay=-0.1",), training_only=True),
+    Combination("--override-opt_param-scheduler, --use-checkpoint-opt_param-scheduler",
+                "at most one", f"{SCHEDULER}: not (override and use-checkpoint)",
+                _override_and_checkpoint_schedule,
+                ("--override-opt_param-scheduler", "--use-checkpoint-opt_param-scheduler"),
+                training_only=True),
+    Combination("--save, --save-interval", "--save-interval > 0 with --save",
+                f"{VALIDATE}: save_interval is not None and > 0", _save_without_interval,
+                ("--save", "ckpt")),
+    Combination("--save-retain-interval, --save-interval", "a positive multiple of --save-interval",
+                f"{VALIDATE}: save_retain_interval % save_interval == 0", _retain_interval,
+                ("--save", "ckpt", "--save-interval", "4", "--save-retain-interval", "6")),
+    Combination("--log-memory-interval, --log-interval", "a multiple of --log-interval",
+                f"{VALIDATE}: log_memory_interval % log_interval == 0", _memory_interval,
+                ("--log-memory-interval", "3", "--log-interval", "2")),
+    Combination("--optimizer-cpu-offload, --use-precision-aware-optimizer",
+                "--use-precision-aware-optimizer given", f"{VALIDATE}: use_precision_aware_optimizer",
+                _offload_without_precision_aware, ("--optimizer-cpu-offload",)),
+    Combination("--use-precision-aware-optimizer, --optimizer, --use-distributed-optimizer",
+                "--optimizer adam and --use-distributed-optimizer",
+                f"{OPTIMIZER_CONFIG}: optimizer == 'adam', use_distributed_optimizer",
+                _precision_aware_needs, ("--use-precision-aware-optimizer",), training_only=True),
+    Combination("--main-grads-dtype / --main-params-dtype / --exp-avg-dtype / --exp-avg-sq-dtype",
+                "fp32 unless --use-precision-aware-optimizer",
+                f"{OPTIMIZER_CONFIG}: each dtype == torch.float32", _low_precision_states,
+                ("--main-grads-dtype", "bf16"), training_only=True),
+)
+
+
+def combination_refusals(args: Any) -> list[str]:
+    """The line of every `Combination` that ``args`` breaks."""
+    training = not getattr(args, "skip_train", False)
+    found = (rule.refuse(args) for rule in COMBINATIONS if training or not rule.training_only)
+    return [line for line in found if line is not None]
+
+
 @cache
 def _megatron_parser() -> argparse.ArgumentParser:
     from megatron.training.arguments import add_megatron_arguments
@@ -451,11 +762,11 @@ def megatron_flags() -> dict[str, str]:
 
 
 def refusals(args: Any) -> list[str]:
-    """The messages of every `Refused` rule that ``args`` breaks."""
+    """The messages of every `Refused` rule and every `Combination` that ``args`` breaks."""
     defaults = megatron_defaults()
     return [rule.message for dest, rule in POLICY.items()
             if isinstance(rule, Refused) and hasattr(args, dest)
-            and rule.applies(getattr(args, dest), defaults.get(dest))]
+            and rule.applies(getattr(args, dest), defaults.get(dest))] + combination_refusals(args)
 
 
 def rule_flag(dest: str, rule: Honoured | Refused) -> str:
@@ -485,17 +796,33 @@ def policy_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def combination_table() -> str:
+    """The Markdown table of `COMBINATIONS`, as ``docs/megatron_lm.md`` carries it."""
+    lines = ["| arguments | what must hold | where Megatron fails otherwise |", "|---|---|---|"]
+    for rule in COMBINATIONS:
+        cells = (f"`{rule.flags}`", rule.holds, f"`{rule.where}`"
+                 + (" (not built with `--skip-train`)" if rule.training_only else ""))
+        lines.append("| " + " | ".join(cell.replace("|", "/") for cell in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 TABLE_START, TABLE_END = "<!-- argument-policy:start -->", "<!-- argument-policy:end -->"
+COMBINATIONS_START = "<!-- argument-combinations:start -->"
+COMBINATIONS_END = "<!-- argument-combinations:end -->"
 
 
 def write_docs_table(path: str) -> None:
-    """Replace the table between the markers in ``path`` with `policy_table`."""
+    """Replace the tables between the markers in ``path`` with `policy_table` and
+    `combination_table`."""
     from pathlib import Path
 
     doc = Path(path).read_text()
-    head, rest = doc.split(TABLE_START)
-    _, tail = rest.split(TABLE_END)
-    Path(path).write_text(f"{head}{TABLE_START}\n{policy_table()}{TABLE_END}{tail}")
+    for start, end, table in ((TABLE_START, TABLE_END, policy_table()),
+                              (COMBINATIONS_START, COMBINATIONS_END, combination_table())):
+        head, rest = doc.split(start)
+        _, tail = rest.split(end)
+        doc = f"{head}{start}\n{table}{end}{tail}"
+    Path(path).write_text(doc)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from megatron_packing.config import ConfigError, PackingConfig
+from megatron_packing.megatron_lm.argument_policy import shown
 from megatron_packing.padded.control_file import BUDGET_FILE
 
 if TYPE_CHECKING:
@@ -77,6 +78,14 @@ def check_megatron_arguments(args: Any, *, extra: list[str] | None = None) -> No
             "whenever it is installed and fails with a NameError when it is not "
             "(megatron.core.transformer.moe.moe_utils.te_general_gemm is undefined); install "
             "Transformer Engine (on GPUs: pip install transformer_engine[pytorch]) to train MoE")
+    if getattr(args, "sequence_parallel", False) and args.tensor_model_parallel_size > 1 and \
+            getattr(args, "transformer_impl", None) == "local" and not local_norm_is_apex():
+        problems.append(
+            f"--sequence-parallel with --tensor-model-parallel-size "
+            f"{args.tensor_model_parallel_size} and --transformer-impl local: without Apex, "
+            "megatron-core's local layers use torch's LayerNorm, which does not support sequence "
+            "parallelism (it asserts once the model is being built); install Apex, or use "
+            "--transformer-impl transformer_engine, or drop --sequence-parallel")
     if getattr(args, "use_distributed_optimizer", False) and \
             (getattr(args, "save", None) or getattr(args, "load", None)) and \
             not optimizer_has_fused_adam():
@@ -96,6 +105,14 @@ def optimizer_has_fused_adam() -> bool:
     from megatron.core.optimizer import distrib_optimizer
 
     return bool(getattr(distrib_optimizer, "HAVE_APEX_OR_TE", True))
+
+
+def local_norm_is_apex() -> bool:
+    """Whether megatron-core's local layer specs normalise with Apex (else torch's LayerNorm,
+    which asserts under sequence parallelism)."""
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    return bool(getattr(gpt_layer_specs, "HAVE_APEX", True))
 
 
 def moe_router_runs() -> bool:
@@ -158,6 +175,167 @@ def read_resume_state(args: Any, dp_rank: int, dp_size: int) -> SavedLoaderState
             "stream's plan would still be the saved one, so it is refused too; to train on with "
             "another batch size, start a new run from these weights with --finetune")
     return saved
+
+
+def check_schedule_fits(args: Any, total_examples: int) -> None:
+    """Refuse a warm-up that does not end before the LR decay once the schedule is sized in
+    the examples the run trains (`megatron_packing.megatron_lm.schedule`).
+
+    A run over several epochs trains fewer than ``--train-iters x B`` examples, so a warm-up
+    shorter than ``--train-iters`` (which `COMBINATIONS` checks at start-up) can still reach the
+    decay's end; Megatron's scheduler would assert once the model is built. Known when the
+    data's steps per epoch are, before the model is built.
+    """
+    from megatron_packing.megatron_lm.schedule import sized_in_examples
+
+    if args.skip_train or args.lr_warmup_fraction is not None or \
+            not sized_in_examples(args, total_examples):
+        return
+    batch = args.global_batch_size
+    warmup = args.lr_warmup_iters * batch
+    if warmup < total_examples:
+        return
+    raise MegatronArgumentError(
+        f"--lr-warmup-iters {args.lr_warmup_iters}: this run trains {total_examples} examples "
+        f"over --train-iters {args.train_iters} (fewer than {args.train_iters} x "
+        f"--global-batch-size {batch}: each epoch of the data ends in a short step), and the LR "
+        f"schedule is sized to them; Megatron's scheduler needs the warm-up ({args.lr_warmup_iters}"
+        f" x {batch} = {warmup} examples) to end before the decay does: give --lr-warmup-iters "
+        f"{(total_examples - 1) // batch} or less, or --lr-warmup-fraction")
+
+
+# Where Megatron's load_state_dict reads each value, older names first.
+_SAVED_NAMES = {"max_lr": ("start_lr", "max_lr"),
+                "lr_warmup_steps": ("warmup_iter", "warmup_steps", "lr_warmup_steps"),
+                "lr_decay_steps": ("end_iter", "decay_steps", "lr_decay_steps"),
+                "lr_decay_style": ("decay_style", "lr_decay_style")}
+# Model arguments Megatron's check_checkpoint_args compares whatever the checkpoint format.
+_MODEL_FLAGS = {"num_layers": "--num-layers", "hidden_size": "--hidden-size",
+                "num_attention_heads": "--num-attention-heads"}
+_TORCH_FORMAT_FLAGS = {"tensor_model_parallel_size": "--tensor-model-parallel-size",
+                       "pipeline_model_parallel_size": "--pipeline-model-parallel-size"}
+
+
+def scheduler_state(args: Any, total_examples: int) -> dict[str, Any]:
+    """The values Megatron's scheduler is built with for this run (what its ``state_dict``
+    saves, but the step), sized as `schedule_in_examples` has Megatron size them."""
+    from megatron_packing.megatron_lm.argument_policy import decay_iterations
+    from megatron_packing.megatron_lm.schedule import sized_in_examples
+
+    batch = args.global_batch_size
+    if sized_in_examples(args, total_examples):
+        decay, wd_steps = total_examples, total_examples
+    else:
+        decay, wd_steps = int(decay_iterations(args)[1] or 0) * batch, args.train_iters * batch
+    warmup = args.lr_warmup_fraction * decay if args.lr_warmup_fraction is not None else \
+        args.lr_warmup_iters * batch
+    constant = args.weight_decay_incr_style == "constant"
+    return {"max_lr": float(args.lr), "min_lr": args.min_lr, "lr_warmup_steps": warmup,
+            "lr_decay_steps": decay, "lr_decay_style": args.lr_decay_style,
+            "start_wd": args.weight_decay if constant else args.start_weight_decay,
+            "end_wd": args.weight_decay if constant else args.end_weight_decay,
+            "wd_incr_steps": wd_steps, "wd_incr_style": args.weight_decay_incr_style}
+
+
+def saved_common_state(args: Any) -> tuple[int, dict[str, Any]] | None:
+    """(iteration, the checkpoint's non-sharded state: ``args``, ``opt_param_scheduler``, ...)
+    of the checkpoint ``--load`` will take, read without the weights; None when there is none."""
+    from megatron.core import dist_checkpointing
+    from megatron.training.checkpointing import find_checkpoint_rank_0, get_checkpoint_name
+
+    from megatron_packing.megatron_lm.data import checkpoint_to_load
+
+    found = checkpoint_to_load(args)
+    if found is None:
+        return None
+    iteration, directory = found
+    base = get_checkpoint_name(directory, iteration, return_base_dir=True)
+    if dist_checkpointing.check_is_distributed_checkpoint(base):
+        state = dist_checkpointing.load_common_state_dict(str(base))
+    else:
+        path = find_checkpoint_rank_0(directory, iteration)
+        if path is None:
+            return None
+        import torch
+
+        state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    return iteration, state
+
+
+def check_saved_schedule(args: Any, total_examples: int) -> None:
+    """On ``--load``: refuse, before the model is built, what Megatron's ``load_checkpoint``
+    asserts on after building it: another model shape than the checkpoint's, and (unless
+    ``--finetune``, ``--no-load-optim``, ``--override-opt_param-scheduler`` or
+    ``--use-checkpoint-opt_param-scheduler``) another LR or weight-decay schedule, such as a
+    longer ``--train-iters`` to train on."""
+    if not args.load:
+        return
+    saved = saved_common_state(args)
+    if saved is None:
+        return
+    iteration, state = saved
+    where = f"--load {args.load}: the checkpoint at iteration {iteration}"
+    saved_args = state.get("args")
+    if saved_args is not None and not args.finetune:
+        flags = dict(_MODEL_FLAGS)
+        if not getattr(args, "use_dist_ckpt", True):
+            flags.update(_TORCH_FORMAT_FLAGS)
+        differ = [f"{flag} {getattr(saved_args, dest)} (this run: {getattr(args, dest)})"
+                  for dest, flag in flags.items()
+                  if hasattr(saved_args, dest) and getattr(saved_args, dest) != getattr(args, dest)]
+        if differ:
+            raise MegatronArgumentError(
+                f"{where} holds a model with {', '.join(differ)}; Megatron's load_checkpoint "
+                "asserts they match: give the checkpoint's model arguments")
+    schedule = state.get("lr_scheduler", state.get("opt_param_scheduler"))
+    if not isinstance(schedule, dict) or args.skip_train or args.finetune or \
+            args.no_load_optim or args.override_opt_param_scheduler or \
+            args.use_checkpoint_opt_param_scheduler:
+        return
+    now = scheduler_state(args, total_examples)
+    differ = []
+    for name, given in _schedule_arguments(args, total_examples).items():
+        if name in _WEIGHT_DECAY and "start_wd" not in schedule:
+            continue  # Megatron compares the weight decay only where the checkpoint has it
+        saved_value = next((schedule[key] for key in _SAVED_NAMES.get(name, (name,))
+                            if key in schedule), now[name])
+        if saved_value != now[name]:
+            differ.append(f"{name} {shown(saved_value)} saved, {shown(now[name])} now ({given})")
+    if differ:
+        raise MegatronArgumentError(
+            f"{where} was trained with another LR schedule: {'; '.join(differ)}. Megatron's "
+            "load_checkpoint asserts they match: resume with the saved arguments, or add "
+            "--override-opt_param-scheduler (this run's schedule, from the saved step on) or "
+            "--use-checkpoint-opt_param-scheduler (the saved schedule)")
+
+
+_WEIGHT_DECAY = ("start_wd", "end_wd", "wd_incr_steps", "wd_incr_style")
+
+
+def _schedule_arguments(args: Any, total_examples: int) -> dict[str, str]:
+    """For each value of `scheduler_state`, the arguments (with this run's values) that set it."""
+    from megatron_packing.megatron_lm.argument_policy import decay_iterations
+    from megatron_packing.megatron_lm.schedule import sized_in_examples
+
+    batch = f"--global-batch-size {args.global_batch_size}"
+    flag, iterations = decay_iterations(args)
+    resized = sized_in_examples(args, total_examples)
+    examples = f"the {total_examples} examples this run trains over --train-iters {args.train_iters}"
+    warmup = f"--lr-warmup-fraction {shown(args.lr_warmup_fraction)} of the decay" \
+        if args.lr_warmup_fraction is not None else f"--lr-warmup-iters {args.lr_warmup_iters} x {batch}"
+    constant = args.weight_decay_incr_style == "constant"
+    return {
+        "max_lr": f"--lr {shown(args.lr)}", "min_lr": f"--min-lr {shown(args.min_lr)}",
+        "lr_warmup_steps": warmup,
+        "lr_decay_steps": examples if resized else f"{flag} {iterations} x {batch}",
+        "lr_decay_style": f"--lr-decay-style {args.lr_decay_style}",
+        "start_wd": f"--weight-decay {shown(args.weight_decay)}" if constant else
+        f"--start-weight-decay {shown(args.start_weight_decay)}",
+        "end_wd": f"--weight-decay {shown(args.weight_decay)}" if constant else
+        f"--end-weight-decay {shown(args.end_weight_decay)}",
+        "wd_incr_steps": examples if resized else f"--train-iters {args.train_iters} x {batch}",
+        "wd_incr_style": f"--weight-decay-incr-style {args.weight_decay_incr_style}",
+    }
 
 
 def resize_refusal(error: ConfigError, saved: SavedLoaderState, dp_size: int,

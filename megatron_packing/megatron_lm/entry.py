@@ -32,6 +32,8 @@ from megatron_packing.megatron_lm.arguments import (
     add_packing_arguments,
     check_megatron_arguments,
     check_padded_lengths,
+    check_saved_schedule,
+    check_schedule_fits,
     read_resume_state,
     resize_refusal,
     resolve_packing_config,
@@ -52,22 +54,15 @@ compat.refuse_unsupported_megatron_core()
 
 
 def read_packing_yaml(path: str) -> tuple[dict[str, Any], set[str], DataConfig]:
-    """The YAML's ``packing:`` section (its keys checked by name; the values are judged once
-    Megatron's arguments complete them) with the keys it sets, and its ``data:`` section."""
-    from megatron_packing.config import YAML_KEYS, dataclass_from_mapping, read_yaml_mapping
-    from megatron_packing.config.yaml_io import check_mapping
+    """The YAML's ``packing:`` section (its keys checked by name and mode; the values are judged
+    once Megatron's arguments complete them) with the keys it sets, and its ``data:`` section,
+    read as every command reads a training YAML (`config.sections`); the trainer's sections have
+    no effect here and are warned about."""
+    from megatron_packing.config.sections import read_sections
 
-    document = read_yaml_mapping(path)
-    packing_section = document.get("packing") or {}
-    check_mapping(packing_section, YAML_KEYS, source=path, what="packing key")
-    data = dataclass_from_mapping(DataConfig, document.get("data") or {}, source=path,
-                                  what="data key")
-    if not data.paths:
-        raise ConfigError(f"{path}: data.paths is empty; list the SFT JSON/JSONL files to train on")
-    if not data.tokenizer:
-        raise ConfigError(f"{path}: data.tokenizer is empty; give a tokenizer directory with a "
-                          "chat template")
-    return dict(packing_section), set(packing_section), data
+    sections = read_sections(path, command="the Megatron-LM entry point",
+                             reads=("packing", "data"))
+    return sections.packing_values, sections.packing_keys, sections.data
 
 
 def _load_datasets(data: DataConfig, *, vocab_limit: int) -> tuple[Any, Any]:
@@ -134,6 +129,7 @@ def main(argv: list[str] | None = None, *, program_start: float | None = None) -
             raise
         raise resize_refusal(error, resume, dp_size, packing_yaml,
                              args.global_batch_size) from None
+    packing.check_token_ids(args.padded_vocab_size, source=args.packing_config)
     train_ds, valid_ds = _load_datasets(data, vocab_limit=args.padded_vocab_size)
     if not packing.use_sequence_packing:
         for dataset, key in ((train_ds, "data.paths"), (valid_ds, "data.valid_paths")):
@@ -153,6 +149,9 @@ def main(argv: list[str] | None = None, *, program_start: float | None = None) -
                                   num_workers=args.packing_num_workers)
     total = examples_the_run_trains(args.train_iters, len(loader), len(train_ds),
                                     packing.global_batch_size)
+    # What Megatron's scheduler and load_checkpoint would assert on once the model is built.
+    check_schedule_fits(args, total)
+    check_saved_schedule(args, total)
     stream = TrainStream(loader, budget=_budget_controller(args, packing, loader))
     if resume is not None:  # refused now, before the model is built and the weights read
         check_loader_state(stream, resume)
@@ -241,11 +240,15 @@ def run(argv: list[str] | None = None, *, program_start: float | None = None) ->
     """
     import os
 
+    from megatron_packing.common.process_lifetime import end_with_torchrun_agent
+    from megatron_packing.common.user_warnings import one_line_warnings
     from megatron_packing.data import BadRecordError, CorruptStoreError
     from megatron_packing.megatron.dataset_helpers import DatasetHelpersUnavailable
     from megatron_packing.megatron_lm.arguments import MegatronArgumentError
     from megatron_packing.megatron_lm.data import LoaderStateMissing
 
+    one_line_warnings("megatron_packing.megatron_lm")
+    end_with_torchrun_agent()  # a killed torchrun takes this rank and all it started with it
     try:
         return main(argv, program_start=program_start)
     except DatasetHelpersUnavailable as error:  # found by each rank alone: each one says it

@@ -202,6 +202,8 @@ class MegatronLMHost(StepHost):
             "num_examples": batch.meta.num_examples, "num_bins": batch.meta.num_bins,
             "micro_batches": outcome.micro_batches, "seq_length": outcome.seq_length,
             "loss": outcome.loss, "lr": outcome.lr, "grad_norm": outcome.grad_norm,
+            # the loss tokens the step's rows trained (all DP ranks), and the plan's count
+            "loss_tokens": _trained_tokens(outcome), "plan_loss_tokens": batch.meta.num_loss_tokens,
             "consumed_train_samples": args.consumed_train_samples, "skipped": outcome.skipped,
             "max_tokens": record.metrics.get("train/max_tokens_per_microbatch"),
             "step_ms": record.step_ms, "data_ms": record.data_ms,
@@ -258,6 +260,12 @@ def train(args: Any, loop: Loop) -> TrainResult:
     return TrainResult(result.step, host.flops_so_far,
                        should_exit=exited or result.end is LoopEnd.STOPPED,
                        exit_code=result.exit_code)
+
+
+def _trained_tokens(outcome: Any) -> int | None:
+    """The loss-token count the loss function summed over the step; None off the last stage."""
+    sums = outcome.loss_sums.get("lm loss")
+    return None if sums is None else int(sums[1])
 
 
 def rows_of_seq_length(batch: Any, args: Any) -> float:

@@ -17,6 +17,13 @@ from collections.abc import Iterator
 from typing import Any
 
 
+def sized_in_examples(args: Any, total_examples: int) -> bool:
+    """Whether `schedule_in_examples` sizes Megatron's schedule in ``total_examples``: the run
+    trains another count than ``iters x B`` and ``--lr-decay-iters`` does not set the decay."""
+    return (total_examples != args.train_iters * args.global_batch_size
+            and args.lr_decay_iters is None)
+
+
 @contextlib.contextmanager
 def schedule_in_examples(args: Any, total_examples: int) -> Iterator[bool]:
     """While active, Megatron's ``get_optimizer_param_scheduler`` sizes the schedule in
@@ -27,7 +34,7 @@ def schedule_in_examples(args: Any, total_examples: int) -> Iterator[bool]:
     horizon (``--train-iters``) the loop and the checkpoints see is unchanged.
     """
     batch = args.global_batch_size
-    if total_examples == args.train_iters * batch or args.lr_decay_iters is not None:
+    if not sized_in_examples(args, total_examples):
         yield False
         return
     names = ("train_iters", "train_samples", "lr_decay_samples", "lr_warmup_samples",

@@ -11,6 +11,7 @@ from megatron_packing.packed.collate import PackedCollator
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler, PackedSamplerConfig
 from megatron_packing.stream.base_order import make_base_order
 from megatron_packing.stream.fetch import PlannedDataset, check_loss_targets
+from megatron_packing.stream.state_checks import target_fingerprint
 
 
 def check_not_empty(dataset: Any) -> None:
@@ -100,7 +101,8 @@ def build_packing_sampler(
                                        settings.seed)
     return settings.build(base_sampler, lengths, dp_rank=dp_rank, total_steps=total_steps,
                           loss_token_counts=truncated_loss_counts(dataset, config.packer,
-                                                                  lengths, counts))
+                                                                  lengths, counts),
+                          targets=target_fingerprint(dataset, counts))
 
 
 def build_packed_components(

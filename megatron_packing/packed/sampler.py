@@ -15,7 +15,7 @@ import hashlib
 import math
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -117,12 +117,13 @@ class PackedSamplerConfig:
     def build(self, sampler: Iterable[int], lengths: Sequence[int] | np.ndarray, *,
               dp_rank: int | None = None, total_steps: int | None = None,
               loss_token_counts: Sequence[int] | np.ndarray | None = None,
-              ) -> DPAlignedPackingBatchSampler:
+              targets: Mapping[str, Any] | None = None) -> DPAlignedPackingBatchSampler:
         """The sampler over ``sampler``'s order and ``lengths``, yielding ``dp_rank``'s steps
         (None: the global batch)."""
         return DPAlignedPackingBatchSampler(
             sampler, lengths, self.planner.batch_size, self.dp_size, dp_rank=dp_rank,
-            total_steps=total_steps, loss_token_counts=loss_token_counts, **self.settings())
+            total_steps=total_steps, loss_token_counts=loss_token_counts, targets=targets,
+            **self.settings())
 
     @property
     def align_to_dp(self) -> bool:
@@ -176,6 +177,9 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
         dp_rank: yield this rank's examples; None yields the global batch.
         total_steps: the run's scheduled steps; the drift is repaid by the last one.
         loss_token_counts: per example tokens trained on, so the plan knows the loss divisor.
+        targets: what decides what is trained on the examples (`state_checks.target_fingerprint`):
+            part of the state's fingerprint, so a resume with other loss masks, tokenizer or
+            template is refused.
         settings: the packer's, the planner's and the sampler's settings by field name
             (`PackerConfig`, `PlannerConfig`, ``seed``, ``eval_mode``; their defaults apply):
             ``bin_capacity`` (required), ``allowed_variation``, ``tp_size``, ...
@@ -193,6 +197,7 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
         dp_rank: int | None = None,
         total_steps: int | None = None,
         loss_token_counts: Sequence[int] | np.ndarray | None = None,
+        targets: Mapping[str, Any] | None = None,
         **settings: Any,
     ) -> None:
         config = PackedSamplerConfig.from_settings(batch_size, dp_size,
@@ -251,6 +256,7 @@ class DPAlignedPackingBatchSampler(StepStream[PackedCursor, PlannedBatch]):
                                    max_deferred=self.max_deferred_examples)
         self._fingerprint = self._make_fingerprint()
         self._fingerprint.update(self.order.fingerprint())
+        self._fingerprint.update(targets or {})
         self._init_stream()
 
     # ------------------------------------------------------------------ sizes

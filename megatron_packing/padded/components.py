@@ -11,6 +11,7 @@ from megatron_packing.padded.collate import PaddedCollator
 from megatron_packing.padded.sampler import PaddedSamplerConfig, TokenBudgetBatchSampler
 from megatron_packing.stream.base_order import make_base_order
 from megatron_packing.stream.fetch import PlannedDataset, check_loss_targets
+from megatron_packing.stream.state_checks import target_fingerprint
 
 
 def build_padded_components(
@@ -42,9 +43,10 @@ def build_padded_components(
         targets = [len(example["input_ids"]) - 1 if example.get("loss_mask") is None
                    else int(np.count_nonzero(np.asarray(example["loss_mask"])[1:]))
                    for example in examples]
-        check_loss_targets(dataset, np.asarray(targets, dtype=np.int64))
+        counts = np.asarray(targets, dtype=np.int64) if loss_counts is None else loss_counts
     else:
-        check_loss_targets(dataset, loss_counts)
+        counts = loss_counts
+    check_loss_targets(dataset, counts)
     settings = PaddedSamplerConfig(global_batch_size=config.planner.batch_size, dp_size=dp_size,
                                    padded=config.padded,
                                    seed=config.loader.seed if seed is None else seed,
@@ -55,6 +57,7 @@ def build_padded_components(
     sampler = settings.build(base_sampler, np.asarray(lengths), dp_rank=dp_rank,
                              total_steps=total_steps,
                              loss_token_counts=None if loss_counts is None
-                             else np.asarray(loss_counts))
+                             else np.asarray(loss_counts),
+                             targets=target_fingerprint(dataset, counts))
     collator = PaddedCollator(pad_token_id=config.collator.pad_token_id)
     return sampler, PlannedDataset(dataset), collator

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -115,12 +115,13 @@ class PaddedSamplerConfig:
     def build(self, sampler: Iterable[int], lengths: Sequence[int] | np.ndarray, *,
               dp_rank: int | None = None, total_steps: int | None = None,
               loss_token_counts: Sequence[int] | np.ndarray | None = None,
-              ) -> TokenBudgetBatchSampler:
+              targets: Mapping[str, Any] | None = None) -> TokenBudgetBatchSampler:
         """The sampler over ``sampler``'s order and ``lengths``, yielding ``dp_rank``'s steps
         (None: the global batch)."""
         return TokenBudgetBatchSampler(
             sampler, lengths, self.global_batch_size, self.dp_size, dp_rank=dp_rank,
-            total_steps=total_steps, loss_token_counts=loss_token_counts, **self.settings())
+            total_steps=total_steps, loss_token_counts=loss_token_counts, targets=targets,
+            **self.settings())
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,9 @@ class TokenBudgetBatchSampler(StepStream[PaddedCursor, PaddedStepPlan]):
     ``eval_mode``. With ``dp_rank=None`` the yielded list is the whole global batch (for
     simulation) and ``schedule`` is rank 0's. ``total_steps`` ends the run after that many steps
     (across epochs); an evaluation (``eval_mode``) reads whole epochs whatever ``total_steps``.
-    `PaddedSamplerConfig.build` makes one from a config.
+    ``targets`` (`state_checks.target_fingerprint`) joins the state's fingerprint, so a resume
+    with other loss masks, tokenizer or template is refused. `PaddedSamplerConfig.build` makes
+    one from a config.
     """
 
     def __init__(
@@ -154,6 +157,7 @@ class TokenBudgetBatchSampler(StepStream[PaddedCursor, PaddedStepPlan]):
         dp_rank: int | None = None,
         total_steps: int | None = None,
         loss_token_counts: Sequence[int] | np.ndarray | None = None,
+        targets: Mapping[str, Any] | None = None,
         **settings: Any,
     ) -> None:
         config = PaddedSamplerConfig.from_settings(global_batch_size, dp_size,
@@ -184,7 +188,7 @@ class TokenBudgetBatchSampler(StepStream[PaddedCursor, PaddedStepPlan]):
                 f"lengths holds {self.lengths.size} entries but the base sampler yields "
                 f"{len(self._order)} examples per epoch; they must describe the same dataset"
             )
-        self._order_fingerprint = self._order.fingerprint()
+        self._order_fingerprint = {**self._order.fingerprint(), **(targets or {})}
         self.loss_token_counts: np.ndarray | None = None
         if loss_token_counts is not None:
             counts = example_lengths(np.asarray(loss_token_counts))

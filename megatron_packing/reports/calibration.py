@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from megatron_packing.common.validation import ConfigError, require_positive_int
+from megatron_packing.common.validation import ConfigError, output_directory, require_positive_int
 from megatron_packing.packing.cost_design import design_compositions
 from megatron_packing.packing.cost_fit import CostFit, FitError, Measured, fit_costs
 
@@ -156,6 +156,8 @@ def run_calibration(args: argparse.Namespace) -> tuple[list[str], CostFit]:
     """The report's lines (what was timed or read, then the table) and the fit."""
     if args.write and args.config is None:
         raise ConfigError("--write sets the keys in the --config YAML: give --config FILE")
+    if args.output_dir is not None:  # checked before anything is timed
+        output_directory(args.output_dir, "--output-dir")
     if args.from_timings is not None:
         measured = read_timings(args.from_timings)
         header = [f"fitted: {args.from_timings} ({len(measured)} compositions)"]

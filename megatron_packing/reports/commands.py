@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from megatron_packing.common.validation import output_directory
 from megatron_packing.config import ConfigError
 
 from .arguments import UsageError, resolve_simulate_form
@@ -130,12 +131,13 @@ def _simulate_on_config(args: argparse.Namespace) -> int:
     """Fixed B against aligned on the YAML's data: table, ``simulate.json``, ``simulate.png``."""
     started = time.perf_counter()
     try:
+        out = output_directory(args.output_dir or default_output_dir(args.config),
+                               "--output-dir")
         inputs = read_config(args.config, dp_size=args.dp_size, steps=args.steps)
         dataset = _load(inputs, args.quiet)
         result = simulate_config(inputs, dataset, progress=progress_enabled(args.quiet))
     except _data_errors() as exc:
         return _fail("simulate", exc)
-    out = Path(args.output_dir) if args.output_dir else default_output_dir(args.config)
     document = result.to_json()
     document["wall_seconds"] = time.perf_counter() - started
     json_path = _write_json(out / "simulate.json", document)
@@ -164,6 +166,8 @@ def tune_command(args: argparse.Namespace) -> int:
     """``megatron-packing tune``: the capacity x variation grid and a recommendation."""
     started = time.perf_counter()
     try:
+        out = output_directory(args.output_dir or default_output_dir(args.config),
+                               "--output-dir")
         inputs = read_config(args.config, dp_size=args.dp_size, steps=args.steps)
         dataset = _load(inputs, args.quiet)
         report = run_tuning(inputs, dataset, capacities=args.capacities,
@@ -171,7 +175,6 @@ def tune_command(args: argparse.Namespace) -> int:
                             progress=progress_enabled(args.quiet))
     except _data_errors() as exc:
         return _fail("tune", exc)
-    out = Path(args.output_dir) if args.output_dir else default_output_dir(args.config)
     report["wall_seconds"] = time.perf_counter() - started
     json_path = _write_json(out / "tune.json", report)
     png = "(--no-plot)"
@@ -334,6 +337,8 @@ def inspect_data(document: dict[str, Any], source: str, *, paths: Sequence[str] 
 
     data = dataclass_from_mapping(DataConfig, document.get("data") or {}, source=source,
                                   what="data key")
+    out = (output_directory(output_dir or default_output_dir(source), "--output-dir")
+           if plot else None)
     paths = list(paths) if paths else list(data.paths)
     tokenizer = tokenizer or data.tokenizer
     if not paths:
@@ -359,7 +364,7 @@ def inspect_data(document: dict[str, Any], source: str, *, paths: Sequence[str] 
     if plot:
         from .plots import plot_length_histogram
 
-        out = Path(output_dir) if output_dir else default_output_dir(source)
+        assert out is not None
         png = _plot(lambda: plot_length_histogram(
             lengths, capacity, out / "lengths.png",
             f"{Path(source).name}: {len(lengths):,} examples"), "inspect")

@@ -28,18 +28,15 @@ from megatron_packing.common.validation import check_batch_window
 from megatron_packing.config import (
     ConfigError,
     PackingConfig,
-    dataclass_from_mapping,
-    read_yaml_mapping,
 )
-from megatron_packing.config.training import DataConfig, training_config_from_dict
+from megatron_packing.config.sections import read_sections
+from megatron_packing.config.training import DataConfig
 from megatron_packing.packed.components import packed_sampler_config
 from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
 from megatron_packing.stream.base_order import make_base_order
 
 from .dp_balanced_runs import dp_balanced_series
 from .steps import StepObserver, StepSeries, run_steps
-
-_TRAINER_SECTIONS = ("model", "train", "logging")
 
 
 @dataclass
@@ -66,23 +63,15 @@ def read_config(path: str | Path, *, dp_size: int | None = None,
     section. ``dp_size`` and ``steps`` default to ``train.dp_size`` and ``train.steps``.
     """
     source = str(path)
-    document = read_yaml_mapping(path)
-    if not isinstance(document, dict) or "packing" not in document:
+    sections = read_sections(path, command="megatron-packing simulate")
+    if not sections.packing_values and sections.training is None:
         raise ConfigError(f"{source}: expected a training YAML with a 'packing:' section (and a "
                           "'data:' section naming the dataset and tokenizer)")
-    train = document.get("train") or {}
-    if any(name in document for name in _TRAINER_SECTIONS):
-        training_config_from_dict(document, source=source)
-    section = document.get("packing") or {}
-    packing = PackingConfig.from_dict(section, source=source)
-    data = dataclass_from_mapping(DataConfig, document.get("data") or {}, source=source,
-                                  what="data key")
-    if not data.paths or not all(isinstance(p, str) and p for p in data.paths):
-        raise ConfigError(f"{source}: data.paths must be a non-empty list of dataset files, got "
-                          f"{data.paths!r}")
-    if not isinstance(data.tokenizer, str) or not data.tokenizer:
-        raise ConfigError(f"{source}: data.tokenizer must name a tokenizer directory, got "
-                          f"{data.tokenizer!r}")
+    train = sections.document.get("train") or {}
+    section = sections.packing_values
+    packing = (sections.training.packing if sections.training is not None
+               else PackingConfig.from_dict(section, source=source))
+    data = sections.data
     if dp_size is None:
         dp_size = train.get("dp_size") if isinstance(train, dict) else None
         if dp_size is None:

@@ -21,15 +21,14 @@ from typing import Any
 import numpy as np
 
 from megatron_packing.config import ConfigError
-from megatron_packing.config.data_loading import load_data_split, read_data_section
-from megatron_packing.config.training import DataConfig, training_config_from_dict
-from megatron_packing.config.yaml_io import read_yaml_mapping
+from megatron_packing.config.data_loading import load_data_split
+from megatron_packing.config.sections import read_sections
+from megatron_packing.config.training import DataConfig
 from megatron_packing.data import default_cache_dir
 from megatron_packing.data.length_index import held_locks
 
 from .progress import progress_enabled
 
-_TRAINER_SECTIONS = ("model", "train", "logging")
 _SPLITS = (("train", "paths"), ("valid", "valid_paths"))
 
 
@@ -52,14 +51,13 @@ class SplitReport:
 
 
 def read_data_config(path: str) -> tuple[DataConfig, Any]:
-    """The ``data:`` section of a demo-trainer YAML (checked whole, the way ``train`` checks
-    it; paths resolve as ``train`` resolves them) or of a Megatron-LM ``--packing-config``
-    YAML (``packing`` and ``data``), with the function that resolves its paths."""
-    document = read_yaml_mapping(path)
-    if any(name in document for name in _TRAINER_SECTIONS):
-        cfg = training_config_from_dict(document, source=path)
-        return cfg.data, cfg.resolve
-    return read_data_section(document, path), str
+    """The ``data:`` section of a demo-trainer YAML or of a Megatron-LM ``--packing-config``
+    YAML, read as every command reads a training YAML (`config.sections`), with the function
+    that resolves its paths (as ``train`` resolves them)."""
+    sections = read_sections(path, command="megatron-packing prepare")
+    if sections.training is not None:
+        return sections.data, sections.training.resolve
+    return sections.data, str
 
 
 def _check_inputs(data: DataConfig, resolve: Any, source: str) -> None:

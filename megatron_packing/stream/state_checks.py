@@ -8,6 +8,7 @@ missing, which field is out of range, or which setting differs.
 
 from __future__ import annotations
 
+import hashlib
 import numbers
 from collections.abc import Sequence
 from typing import Any
@@ -62,16 +63,58 @@ ahead are aligned and handed out to the ranks, so the state continues under anot
 (docs/sampler.md, "Resuming on another number of GPUs")."""
 
 
+FINGERPRINT_NAMES: dict[str, str] = {
+    "batch_size": "global_batch_size",
+    "v": "packing_batch_size_allowed_variation (as v, in examples)",
+    "align_to_dp": "align_packing_bins_to_dp",
+    "algorithm": "packing_algorithm",
+    "alignment": "the row alignment of tp_size, cp_size and fp8_recipe (its multiples)",
+    "tp_cp_fp8": "tp_size, cp_size, fp8_enabled, fp8_recipe",
+    "lengths_sha256": "the examples' lengths (sha256; the data or its tokenization changed)",
+    "lengths_sum": "the examples' lengths (their sum; the data or its tokenization changed)",
+    "num_examples": "the number of examples",
+    "base_sampler": "base_order (the base sampler)",
+    "eval_mode": "evaluation (a training state loaded into an evaluation loader, or back)",
+}
+"""Fingerprint fields under the names a user sets them by (YAML keys), for refusals; a field
+not listed is named as it is (``bin_capacity``, ``seed``, ...)."""
+
+
+def target_fingerprint(dataset: Any, loss_token_counts: Any) -> dict[str, Any]:
+    """What decides what is trained on the examples, beside their lengths: the tokens each
+    example trains on (its loss-target count, before any truncation) and, for a dataset the
+    library loaded, its tokenizer and chat template, ``loss_on`` and the data as tokenized.
+
+    A resume is refused when any of these changed (`check_fingerprint`), under the name here.
+    """
+    counts = np.ascontiguousarray(np.asarray(loss_token_counts), dtype=np.int64)
+    out: dict[str, Any] = {
+        "data.loss_on (the loss targets per example, sha256)":
+            hashlib.sha256(counts.tobytes()).hexdigest()[:24]}
+    options = getattr(dataset, "options", None)
+    if isinstance(options, dict):
+        if isinstance(options.get("tokenizer_fingerprint"), str):
+            out["data.tokenizer (its vocabulary, special tokens and chat template)"] = \
+                options["tokenizer_fingerprint"][:24]
+        if "loss_on" in options:
+            out["data.loss_on"] = options["loss_on"]
+    content = getattr(dataset, "fingerprint", None)
+    if isinstance(content, str):
+        out["data (its files, tokenizer and tokenization options)"] = content[:24]
+    return out
+
+
 def check_fingerprint(saved: Any, current: dict[str, Any]) -> None:
-    """Refuse a state saved under other settings, naming each field with both values.
+    """Refuse a state saved under other settings, naming each field (by the key a user sets it
+    with, `FINGERPRINT_NAMES`) with both values.
 
     The parallel layout (`RESHARDABLE`) may differ; everything else must match.
     """
     if not isinstance(saved, dict):
         raise ValueError(f"the sampler state's fingerprint is {type(saved).__name__}, not a dict")
     differing = [
-        f"{key}: saved {saved[key]!r}, now {value!r}" if key in saved
-        else f"{key}: not recorded in the saved state, now {value!r}"
+        f"{FINGERPRINT_NAMES.get(key, key)}: saved {saved[key]!r}, now {value!r}" if key in saved
+        else f"{FINGERPRINT_NAMES.get(key, key)}: not recorded in the saved state, now {value!r}"
         for key, value in current.items()
         if key not in saved or (saved[key] != value and not (
             key in RESHARDABLE and RESHARDABLE[key](saved[key], value)))

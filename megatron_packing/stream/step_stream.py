@@ -17,12 +17,14 @@ all cursors; iterate one iterator at a time.
 from __future__ import annotations
 
 import copy
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
 from torch.utils.data import SequentialSampler
 
+from megatron_packing.common.user_warnings import UserFacingWarning
 from megatron_packing.stream.base_order import EpochOrder, SeededRandomOrder
 
 # Base orders whose epochs draw nothing that a later epoch depends on.
@@ -111,11 +113,32 @@ class StepStream(ABC, Generic[CursorT, StepT]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume exactly where ``state`` (from `state_dict`) was taken: the next ``iter()``
-        continues from there. A state from another setup is refused, naming what differs."""
+        continues from there. A state from another setup is refused, naming what differs.
+
+        An iterator already running keeps its own position: loading while one is live says so
+        once (`LiveIteratorWarning`), never silently.
+        """
         self.check_state(state)
+        if self._latest is not None and not self._latest.finished:
+            warn_live_iterator(self, f"{type(self).__name__}.load_state_dict", "iter(sampler)")
         self._resume_state = copy.deepcopy(state)
         self._idle_cursor = None
         self._latest = None
+
+
+class LiveIteratorWarning(UserFacingWarning):
+    """A state was loaded while an iterator was running: it applies from the next iterator."""
+
+
+def warn_live_iterator(owner: Any, call: str, next_iterator: str) -> None:
+    """Say once per ``owner`` that a state loaded now applies from the next iterator."""
+    if getattr(owner, "_warned_live_iterator", False):
+        return
+    owner._warned_live_iterator = True
+    warnings.warn(
+        f"{call} while an iterator is running: the loaded state applies from the next "
+        f"{next_iterator}; the iterator already running continues from its own position (make "
+        "a new iterator to read from the loaded state)", LiveIteratorWarning, stacklevel=3)
 
 
 class StepIterator(Iterator[StepT], Generic[CursorT, StepT]):

@@ -534,3 +534,261 @@ def summary(results: list[tuple[Case, str, str]]) -> tuple[Counter, dict[str, Co
     for case, outcome, _ in results:
         by_mechanism.setdefault(case.mechanism, Counter())[outcome] += 1
     return counts, by_mechanism
+
+
+# ---------------------------------------------------------------------------- processes, writes
+# Appended: kills of a training run (nothing may outlive it) and writes the OS refuses (one
+# message naming the path, the OS error and the last complete checkpoint).
+def _kill(target: str, workers: int, when: str) -> Callable[[Path], Any]:
+    def run(tmp: Path) -> Any:
+        from .process_checks import kill_a_training_run
+
+        killed = kill_a_training_run(tmp, target=target, workers=workers, when=when)
+        return [cmd[:100] for _, _, cmd in killed.left] + \
+            [f"W&B service {pid}" for pid in killed.services_left]
+    return run
+
+
+def _train_writing(tmp: Path, out: Path, preexec: Callable[[], None] | None = None,
+                   **changes: Any) -> CliResult:
+    config = _yaml(tmp, yaml.safe_dump(_training_doc(tmp, **changes)), "t.yaml")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline"}
+    done = subprocess.run([sys.executable, "-m", "megatron_packing.cli", "train", "--config",
+                           str(config), "--output-dir", str(out), "--no-wandb"],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp,
+                          preexec_fn=preexec)
+    return CliResult(done.returncode, done.stdout, done.stderr)
+
+
+def _read_only_output(tmp: Path) -> CliResult:
+    from .process_checks import read_only_dir
+
+    with read_only_dir(tmp / "out") as out:
+        return _train_writing(tmp, out)
+
+
+def _small_disk(size: str, *, full_at_start: bool = False) -> Callable[[Path], Any]:
+    def run(tmp: Path) -> CliResult:
+        from .process_checks import fill, tmpfs
+
+        with tmpfs(tmp / "out", size=size) as out:
+            if full_at_start:
+                (out / ".run.lock").write_text("0" * 16)
+                fill(out)
+            return _train_writing(tmp, out, train__steps=6, train__checkpoint_every=2)
+    return run
+
+
+def _file_size_limit(tmp: Path) -> CliResult:
+    from megatron_packing.config.data_loading import load_data_split
+    from megatron_packing.config.training import training_config_from_dict
+
+    from .process_checks import file_size_limit
+
+    cfg = training_config_from_dict(_training_doc(tmp))
+    load_data_split(cfg.data, cfg.data.paths, resolve=cfg.resolve, build_sharers=1)
+    return _train_writing(tmp, tmp / "out", file_size_limit(300_000),
+                          train__checkpoint_every=2)
+
+
+CASES += [
+    Case("kill -9 of the launcher (2 loader workers)", "process lifetime",
+         _kill("launcher", 2, "after a save"), check=lambda left: left == [], group="ranks"),
+    Case("kill -9 of one rank", "process lifetime", _kill("one rank", 0, "after a save"),
+         check=lambda left: left == [], group="ranks"),
+    Case("kill -9 of the launcher's process group (2 loader workers)", "process lifetime",
+         _kill("process group", 2, "after a save"), check=lambda left: left == [],
+         group="ranks"),
+    Case("kill -9 of the launcher during a save", "process lifetime",
+         _kill("launcher", 0, "during a save"), check=lambda left: left == [], group="ranks"),
+    Case("output directory on a read-only file system", "write faults", _read_only_output,
+         "/out/.run.lock: [Errno ", group="cli"),
+    Case("output directory under /sys (cannot be created)", "write faults",
+         lambda tmp: _train_writing(tmp, Path("/sys") / f"megatron-packing-{tmp.name}"),
+         "cannot write /sys/megatron-packing-", group="cli"),
+    Case("file-size limit (ulimit -f) at the first checkpoint", "write faults",
+         _file_size_limit, "[Errno 27] File too large; nothing was published", group="ranks"),
+]
+
+
+def _can_mount() -> bool:
+    from .process_checks import can_mount
+
+    return can_mount()
+
+
+if _can_mount():  # a small tmpfs that fills (root only)
+    CASES += [
+        Case("disk full at the second checkpoint", "write faults", _small_disk("3500k"),
+             "[Errno 28] No space left on device; nothing was published and the last "
+             "complete checkpoint", group="ranks"),
+        Case("disk already full when training starts", "write faults",
+             _small_disk("256k", full_at_start=True),
+             "/metrics.jsonl: [Errno 28] No space left on device", group="ranks"),
+    ]
+
+
+# ---------------------------------------------------------------------------- what is trained
+def _targets_resume(change: str) -> Callable[[Path], Any]:
+    """A loader state saved over the demo chats, loaded into a loader over the same chats read
+    with ``change``: other loss masks, another template, weight fields, the YAML's B."""
+    def run(tmp: Path) -> Any:
+        import shutil
+
+        from megatron_packing.config import PackingConfig
+        from megatron_packing.data import load_sft_dataset
+        from megatron_packing.loader.dataloader import build_sft_dataloader
+
+        data = tmp / "train.jsonl"
+        lines = DEMO_DATA.read_text().splitlines()[:30]
+        data.write_text("\n".join(lines) + "\n")
+        config = PackingConfig(global_batch_size=8, bin_capacity=2048,
+                               align_packing_bins_to_dp=True, oversize_policy="truncate",
+                               packing_batch_size_allowed_variation=0.25)
+
+        def loader(path: Path, tokenizer: Path, cfg: Any = config, **options: Any) -> Any:
+            ds = load_sft_dataset([str(path)], str(tokenizer), cache_dir=str(tmp / "cache"),
+                                  show_progress=False, **options)
+            return build_sft_dataloader(ds, cfg, dp_rank=0, dp_size=2, seed=3)
+
+        saved = loader(data, TOKENIZER)
+        next(iter(saved))
+        state = saved.state_dict()
+        tokenizer, path, cfg, options = TOKENIZER, data, config, {}
+        if change == "loss_on":
+            options = {"loss_on": "all"}
+        elif change == "template":
+            tokenizer = tmp / "tokenizer"
+            shutil.copytree(TOKENIZER, tokenizer)
+            template = (tokenizer / "chat_template.jinja").read_text()
+            (tokenizer / "chat_template.jinja").write_text(template.replace(
+                "'<|im_start|>' + message['role'] + '\\n'",
+                "'<|im_start|>' + message['role'] + ':\\n'"))
+        elif change == "weight":
+            records = [json.loads(line) for line in lines]
+            for message in records[1]["messages"]:
+                if message["role"] == "assistant":
+                    message["weight"] = 0
+            records[1]["messages"] += [{"role": "user", "content": "more"},
+                                       {"role": "assistant", "content": "yes"}]
+            path = tmp / "weighted.jsonl"
+            path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+        elif change == "batch":
+            cfg = config.with_keys(global_batch_size=10)
+        loader(path, tokenizer, cfg, **options).load_state_dict(state)
+        return "loaded"
+    return run
+
+
+def _live_load(kind: str) -> Callable[[Path], Any]:
+    """A state loaded while an iterator runs (its warning is the expected outcome)."""
+    def run(tmp: Path) -> Any:
+        from torch.utils.data import SequentialSampler
+
+        from megatron_packing.config import PackingConfig
+        from megatron_packing.loader.dataloader import build_sft_dataloader
+        from megatron_packing.packed.sampler import DPAlignedPackingBatchSampler
+
+        if kind == "sampler":
+            sampler = DPAlignedPackingBatchSampler(SequentialSampler(range(40)),
+                                                   [50 + i for i in range(40)], 8, 2,
+                                                   bin_capacity=512, allowed_variation=0.25)
+            state = sampler.state_dict()
+            steps = iter(sampler)
+            next(steps)
+            sampler.load_state_dict(state)
+            return "loaded"
+        dataset = _Duck([_ex(20 + 7 * i) for i in range(40)])
+        config = PackingConfig(global_batch_size=8, bin_capacity=512,
+                               align_packing_bins_to_dp=True,
+                               packing_batch_size_allowed_variation=0.25)
+        loader = build_sft_dataloader(dataset, config, dp_rank=0, dp_size=2,
+                                      num_workers=2 if kind == "workers" else 0)
+        state = loader.state_dict()
+        running = iter(loader)
+        next(running)
+        if kind == "global":
+            loader.load_stream_state(loader.stream_state(state))
+        else:
+            loader.load_state_dict(state)
+        del running
+        return "loaded"
+    return run
+
+
+def _pad_token(tmp: Path) -> Any:
+    from megatron_packing.config import PackingConfig
+
+    PackingConfig(pad_token_id=3000).check_token_ids(2815, source="sft.yaml")
+
+
+def _packing_file(tmp: Path, packing: str, extra: str = "") -> Path:
+    return _yaml(tmp, f"packing:\n{packing}data:\n  paths: [{DEMO_DATA}]\n"
+                      f"  tokenizer: {TOKENIZER}\n{extra}", "sft.yaml")
+
+
+def _entry_reads(tmp: Path) -> Any:
+    from megatron_packing.config.sections import read_sections
+
+    return read_sections(_packing_file(tmp, "  seed: 3\n", "train:\n  steps: 4\n"),
+                         command="the Megatron-LM entry point", reads=("packing", "data"))
+
+
+def _output_file(command: list[str]) -> Callable[[Path], Any]:
+    def prepare(tmp: Path) -> list[str]:
+        (tmp / "taken").write_text("a file")
+        return ["--output-dir", str(tmp / "taken")]
+    return _cli(command, prepare=prepare)
+
+
+def _with_packing_file(packing: str, command: list[str],
+                       expect_ok: bool = False) -> Callable[[Path], Any]:
+    """``command`` on a packing YAML; ``expect_ok``: it runs, and says the fragment."""
+    def run(tmp: Path) -> Any:
+        path = _packing_file(tmp, packing)
+        dp = ["--dp-size", "2"] if command[0] == "simulate" else []
+        return _cli([*command, "--config", str(path), *dp], expect_ok=expect_ok)(tmp)
+    return run
+
+
+CASES += [
+    Case("resume with loss_on all instead of the assistant turns", "fingerprint of targets",
+         _targets_resume("loss_on"), "data.loss_on: saved 'assistant', now 'all'"),
+    Case("resume with another chat template", "fingerprint of targets",
+         _targets_resume("template"), "data.tokenizer (its vocabulary, special tokens and chat"),
+    Case("resume with a weight field set to 0", "fingerprint of targets",
+         _targets_resume("weight"), "cannot resume"),
+    Case("resume with another global_batch_size (named by its key)", "fingerprint of targets",
+         _targets_resume("batch"), "global_batch_size: saved 8, now 10"),
+    Case("load_state_dict under a live loader iterator", "live state", _live_load("loader"),
+         "applies from the next iter(loader)"),
+    Case("load_state_dict under a live loader iterator (2 workers)", "live state",
+         _live_load("workers"), "applies from the next iter(loader)"),
+    Case("load_stream_state under a live loader iterator", "live state", _live_load("global"),
+         "load_stream_state while an iterator is running"),
+    Case("load_state_dict under a live sampler iterator", "live state", _live_load("sampler"),
+         "applies from the next iter(sampler)"),
+    Case("pad_token_id beyond the vocabulary", "paths and token ids", _pad_token,
+         "packing.pad_token_id 3000 is not in the vocabulary"),
+    Case("simulate --output-dir naming a file", "paths and token ids",
+         _output_file(["simulate", "--config", str(REPO / "configs" / "demo_cpu.yaml")]),
+         "--output-dir", group="cli"),
+    Case("tune --output-dir naming a file", "paths and token ids",
+         _output_file(["tune", "--config", str(REPO / "configs" / "demo_cpu.yaml")]),
+         "is a file, not a directory", group="cli"),
+    Case("calibrate --output-dir naming a file", "paths and token ids",
+         _output_file(["calibrate", "--from-timings", "t.jsonl"]),
+         "is a file, not a directory", group="cli"),
+    Case("the trainer's sections under the Megatron-LM entry point", "one reader",
+         _entry_reads, "the section train has no effect on the Megatron-LM entry point"),
+    Case("a padded-only key in packed mode, by simulate", "one reader",
+         _with_packing_file("  max_tokens_per_microbatch: 4096\n", ["simulate"]),
+         "max_tokens_per_microbatch is only read in padded mode", group="cli"),
+    Case("a padded-only key in packed mode, by prepare", "one reader",
+         _with_packing_file("  max_tokens_per_microbatch: 4096\n", ["prepare"]),
+         "max_tokens_per_microbatch is only read in padded mode", group="cli"),
+    Case("a packing key in padded mode, by inspect", "one reader",
+         _with_packing_file("  use_sequence_packing: false\n  pad_bins_to_capacity: true\n",
+                            ["inspect"], expect_ok=True),
+         "pad_bins_to_capacity has no effect in padded mode", group="cli"),
+]

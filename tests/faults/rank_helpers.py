@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import torch.distributed as dist
@@ -31,4 +33,14 @@ def killed_on_rank_1(rank: int, world: int) -> None:
 
 
 def succeed(rank: int, world: int) -> None:
+    dist.barrier()
+
+
+def killed_with_a_child_on_rank_1(rank: int, world: int, pid_file: str) -> None:
+    """Rank 1 starts a process of its own, records its pid, then is killed by SIGKILL."""
+    if rank == 1:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        with open(pid_file, "w") as f:
+            f.write(str(child.pid))
+        os.kill(os.getpid(), signal.SIGKILL)
     dist.barrier()

@@ -49,18 +49,22 @@ OTHER_LENGTHS = SyntheticSFT(mixed_lengths(160, seed=6, high=700))  # same size,
 SHORTER = SyntheticSFT(mixed_lengths(150, seed=5, high=700))
 
 ORDER_CHANGES = [
-    # (id, options of the resumed loader, field, saved value, new value)
+    # (id, options of the resumed loader, the field as the refusal names it: the key a user sets,
+    # saved value, new value)
     ("seed", dict(seed=12), "seed", SEED, 12),
-    ("base_order", dict(base_order="sequential"), "base_sampler", "SeededRandomOrder",
-     "SequentialSampler"),
-    ("dataset_lengths", dict(dataset=OTHER_LENGTHS), "lengths_sha256", None, None),
-    ("dataset_size", dict(dataset=SHORTER), "num_examples", 160, 150),
-    ("global_batch_size", dict(global_batch_size=32), "batch_size", 30, 32),
-    ("variation", dict(packing_batch_size_allowed_variation=0.2), "v", 3, 6),
+    ("base_order", dict(base_order="sequential"), r"base_order \(the base sampler\)",
+     "SeededRandomOrder", "SequentialSampler"),
+    ("dataset_lengths", dict(dataset=OTHER_LENGTHS), r"the examples' lengths \(sha256; the data "
+     r"or its tokenization changed\)", None, None),
+    ("dataset_size", dict(dataset=SHORTER), "the number of examples", 160, 150),
+    ("global_batch_size", dict(global_batch_size=32), "global_batch_size", 30, 32),
+    ("variation", dict(packing_batch_size_allowed_variation=0.2),
+     r"packing_batch_size_allowed_variation \(as v, in examples\)", 3, 6),
     ("bin_capacity", dict(bin_capacity=2048), "bin_capacity", 1024, 2048),
-    ("algorithm", dict(packing_algorithm="bfd"), "algorithm", "mffd", "bfd"),
-    ("align_to_dp", dict(align_packing_bins_to_dp=False), "align_to_dp", True, False),
-    ("fp8", dict(fp8_enabled=True), "tp_cp_fp8", [1, 1, False, None], [1, 1, True, None]),
+    ("algorithm", dict(packing_algorithm="bfd"), "packing_algorithm", "mffd", "bfd"),
+    ("align_to_dp", dict(align_packing_bins_to_dp=False), "align_packing_bins_to_dp", True, False),
+    ("fp8", dict(fp8_enabled=True), "tp_size, cp_size, fp8_enabled, fp8_recipe",
+     [1, 1, False, None], [1, 1, True, None]),
     ("lookahead", dict(lookahead_steps=1), "lookahead_steps", 6, 1),
     ("oversize_policy", dict(oversize_policy="own_bin"), "oversize_policy", "error", "own_bin"),
     ("rank_assignment", dict(rank_assignment="round_robin"), "rank_assignment",

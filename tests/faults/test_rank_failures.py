@@ -3,13 +3,17 @@ rank; refusals and faults are told apart; a bug keeps its traceback."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+
 import pytest
 
 from megatron_packing.common.validation import ConfigError
 from megatron_packing.demo.launch import RankFailed, spawn_data_parallel
 
 from . import rank_helpers
-from .run_faults_helpers import run_cli, tiny_config, train_command, write_config
+from .run_faults_helpers import run_cli, tiny_config, train_command, wait_gone, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -34,6 +38,18 @@ def test_an_unexpected_exception_is_a_bug_with_its_traceback():
 def test_a_killed_rank_is_a_fault_naming_the_signal():
     with pytest.raises(RankFailed, match=r"rank 1: the rank process died \(killed by SIGKILL\)"):
         spawn_data_parallel(rank_helpers.killed_on_rank_1, 2)
+
+
+def test_a_killed_rank_takes_what_it_started_with_it(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    with pytest.raises(RankFailed, match=r"rank 1: the rank process died \(killed by SIGKILL\)"):
+        spawn_data_parallel(rank_helpers.killed_with_a_child_on_rank_1, 2, str(pid_file))
+    child = int(pid_file.read_text())
+    try:
+        assert wait_gone([child], timeout=5) == [], "the killed rank's child outlived it"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
 
 
 def test_ranks_that_succeed_raise_nothing():

@@ -166,5 +166,5 @@ def test_a_tensor_or_context_parallel_change_continues_the_stream(layout):
         loader.load_stream_state(part)
     tail, _ = global_steps(resized)
     assert sorted(flat(head) + flat(tail)) == list(range(len(DATASET)))
-    with pytest.raises(ValueError, match="tp_cp_fp8: saved"):
+    with pytest.raises(ValueError, match="tp_size, cp_size, fp8_enabled, fp8_recipe: saved"):
         make_loader(dp_size=2, fp8_enabled=True).load_stream_state(part)

@@ -98,7 +98,8 @@ def test_required_arguments_are_refused_by_name_when_missing(dropped, message):
 def test_distributed_optimizer_checkpoints_are_refused_without_fused_adam():
     from megatron_packing.megatron_lm.arguments import optimizer_has_fused_adam
 
-    saving = megatron_args([*MODEL_ARGS, *REQUIRED, "--use-distributed-optimizer", "--save", "c"])
+    saving = megatron_args([*MODEL_ARGS, *REQUIRED, "--use-distributed-optimizer", "--save", "c",
+                            "--save-interval", "4"])
     if optimizer_has_fused_adam():
         check_megatron_arguments(saving)
         return
@@ -189,7 +190,8 @@ def test_padded_mode_refuses_examples_longer_than_the_model_sequence():
 @requires_megatron_lm
 @pytest.mark.slow
 def test_refusal_comes_before_any_model_is_built(sft_data, tmp_path):
-    """Virtual pipeline stages and a batch-size ramp, through torchrun and the real flags."""
+    """Virtual pipeline stages, a batch-size ramp and a warm-up as long as the run (the tests'
+    --lr-warmup-iters 2 with --train-iters 2), through torchrun and the real flags."""
     yaml = write_sft_yaml(tmp_path / "sft.yaml", sft_data)
     run = launch(2, ["--packing-config", str(yaml), "--global-batch-size", "16",
                      "--train-iters", "2", "--rampup-batch-size", "8", "8", "64",
@@ -199,6 +201,8 @@ def test_refusal_comes_before_any_model_is_built(sft_data, tmp_path):
     assert run.returncode != 0
     assert "--rampup-batch-size: the packing loop already varies the batch" in run.output
     assert "--num-layers-per-virtual-pipeline-stage: the interleaved pipeline schedule" in \
+        run.output
+    assert "--lr-warmup-iters 2 is not shorter than --train-iters 2: Megatron's scheduler" in \
         run.output
     assert "building GPT model" not in run.output
     assert "interleaved pipeline parallelism expected each model chunk" not in run.output
@@ -228,8 +232,10 @@ def test_only_rank_0_prints_a_refusal_and_the_other_ranks_wait_before_they_exit(
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("packing:\n  seed: 1\n", "data.paths is empty"),
-    ("data:\n  paths: [train.jsonl]\n", "data.tokenizer is empty"),
+    ("packing:\n  seed: 1\n", "data.paths must be a non-empty list of dataset paths"),
+    ("data:\n  paths: [train.jsonl]\n", "data.tokenizer must be a non-empty string"),
+    ("packing:\n  max_tokens_per_microbatch: 4096\ndata:\n  paths: [a.jsonl]\n  tokenizer: t\n",
+     "max_tokens_per_microbatch is only read in padded mode"),
     ("data:\n  paths: [a.jsonl]\n  tokenizer: tok\n  valid_path: [b.jsonl]\n", "valid_path"),
     ("- packing\n", "expected a mapping of keys at the top level"),
 ])
@@ -240,6 +246,20 @@ def test_the_training_yaml_is_checked(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(ConfigError, match=message):
         read_packing_yaml(str(path))
+
+
+def test_the_trainers_sections_are_warned_about_by_name(tmp_path):
+    """train: and model: have no effect under the entry point (its arguments set them)."""
+    from megatron_packing.config.mode_keys import UnusedKeyWarning
+    from megatron_packing.megatron_lm.entry import read_packing_yaml
+
+    path = tmp_path / "sft.yaml"
+    path.write_text("packing:\n  seed: 7\ndata:\n  paths: [a.jsonl]\n  tokenizer: tok\n"
+                    "train:\n  steps: 5\nmodel:\n  num_layers: 2\n")
+    with pytest.warns(UnusedKeyWarning, match="the sections model, train have no effect on the "
+                                              "Megatron-LM entry point"):
+        packing, _, data = read_packing_yaml(str(path))
+    assert packing == {"seed": 7} and data.paths == ["a.jsonl"]
 
 
 def test_the_training_yaml_reports_the_packing_keys_it_sets(tmp_path):
@@ -283,6 +303,24 @@ def test_moe_is_refused_where_megatron_cores_router_cannot_run(monkeypatch):
                                                     "router calls Transformer Engine's GEMM"):
         check_megatron_arguments(args)
     monkeypatch.setattr(moe_utils, "te_general_gemm", None, raising=False)
+    check_megatron_arguments(args)
+
+
+@requires_megatron_lm
+def test_sequence_parallelism_is_refused_where_the_local_layers_cannot_run_it(monkeypatch):
+    """Without Apex, megatron-core's local layers normalise with torch's LayerNorm, which asserts
+    on sequence parallelism while the model is being built (seen through the entry point)."""
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    args = megatron_args([*MODEL_ARGS, *REQUIRED, "--tensor-model-parallel-size", "2",
+                          "--sequence-parallel"])
+    monkeypatch.setattr(gpt_layer_specs, "HAVE_APEX", False)
+    with pytest.raises(MegatronArgumentError,
+                       match="--sequence-parallel with --tensor-model-parallel-size 2 and "
+                             "--transformer-impl local: without Apex"):
+        check_megatron_arguments(args)
+    check_megatron_arguments(megatron_args([*MODEL_ARGS, *REQUIRED, "--sequence-parallel"]))
+    monkeypatch.setattr(gpt_layer_specs, "HAVE_APEX", True)
     check_megatron_arguments(args)
 
 

@@ -1,6 +1,6 @@
 """Padded mode (token-budget ``[b, L]`` micro-batches) through Megatron-LM's loop on CPU.
 
-Three launches with the model in float64:
+Four launches with the model in float64:
 
 * the budgeted run: DP 2, a token budget under which the two ranks' counts differ (the shorter
   rank runs dummies), and an operator's ``megatron-packing budget`` while it runs;
@@ -10,7 +10,8 @@ Three launches with the model in float64:
   consumed-sample count exactly: the loss does not depend on how a step is cut;
 * the budgeted run resumed from its iteration-3 checkpoint: it must equal the uninterrupted run
   bit for bit, the budget change included (whether the change was agreed before that
-  checkpoint, and so is in its loader state, or after it, and so is read again from the file).
+  checkpoint, and so is in its loader state, or after it, and so is read again from the file);
+* TP 2: its rows must train the plan's loss tokens, and its loss equal the unpacked reference's.
 """
 
 from __future__ import annotations
@@ -159,3 +160,27 @@ def test_a_resume_on_one_rank_plans_the_rest_at_that_size(budgeted, tmp_path):
         assert mine["loss"] == pytest.approx(rank0["loss"], rel=1e-6)
         for b, L in zip(mine["block_rows"], mine["row_lengths"], strict=True):
             assert b * L <= mine["max_tokens"] or b == 1
+
+
+def test_tp2_trains_the_plans_loss_tokens_and_the_tp1_loss(sft_data, unpacked, tmp_path):
+    """TP 2 (one DP rank): every step's rows train exactly the plan's loss tokens, and the loss
+    equals the unpacked TP 1 run's. Three iterations: until the third the LR is the warm-up's,
+    whatever --train-iters, so the steps compare with the reference's. (Blocks are widened to
+    the TP size only under --sequence-parallel, which megatron-core's local layers cannot run
+    without Apex, so not on CPU: tests/megatron_lm/test_step_rows.py pins the widening.)"""
+    yaml = write_sft_yaml(tmp_path / "sft.yaml", sft_data, padded=True,
+                          max_tokens_per_microbatch=BUDGET)
+    iters = 3
+    run = launch(2, ["--packing-config", str(yaml), "--global-batch-size", str(B),
+                     "--train-iters", str(iters), "--eval-iters", "0", *LONG_ROWS,
+                     "--tensor-model-parallel-size", "2"], tmp_path / "log", env=FLOAT64)
+    assert run.returncode == 0, run.output[-4000:]
+    steps = run.steps(0)
+    assert [(s["examples"], s["row_lengths"]) for s in run.steps(1)] == \
+        [(s["examples"], s["row_lengths"]) for s in steps]  # the TP ranks share the plan
+    assert any(b > 1 for s in steps for b in s["block_rows"]), "no block padded two examples"
+    for got, want in zip(steps, unpacked.steps(0)[:iters], strict=True):
+        assert got["loss_tokens"] == got["plan_loss_tokens"] > 0
+        assert _trained(got) == _trained(want)
+        assert got["lr"] == want["lr"]
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-6)
