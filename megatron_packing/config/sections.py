@@ -45,11 +45,6 @@ class YamlSections:
     data: DataConfig
     training: TrainingConfig | None  # the whole file, checked as `train` does (trainer YAMLs)
 
-    @property
-    def packing_keys(self) -> set[str]:
-        """The packing keys the file sets."""
-        return set(self.packing_values)
-
 
 def read_sections(path: str | Path, *, command: str, reads: tuple[str, ...] = SECTIONS
                   ) -> YamlSections:

@@ -62,7 +62,7 @@ def read_packing_yaml(path: str) -> tuple[dict[str, Any], set[str], DataConfig]:
 
     sections = read_sections(path, command="the Megatron-LM entry point",
                              reads=("packing", "data"))
-    return sections.packing_values, sections.packing_keys, sections.data
+    return sections.packing_values, set(sections.packing_values), sections.data
 
 
 def _load_datasets(data: DataConfig, *, vocab_limit: int) -> tuple[Any, Any]:
