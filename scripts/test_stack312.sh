@@ -4,11 +4,13 @@
 # Megatron-LM checkout: the wheel's megatron.training and the library's GPT provider.
 # The cluster-scale launches (tests/cluster: the in-job build, two nodes) run on the main stack
 # only: what they test (the shared build's file locks, the rendezvous of two launchers) does not
-# depend on the megatron-core release, and together they take about 5 minutes on 2 cores.
+# depend on the megatron-core release, and together they take about 5 minutes on 2 cores; so do
+# the launches marked one_stack (the reason is on each mark), which this stack deselects.
 # Extra arguments go to pytest (e.g. -m fast).
 source "$(dirname "${BASH_SOURCE[0]}")/_env312.sh"
 export MEGATRON_LM_PATH=  # empty: no checkout (a 0.16 checkout would shadow 0.19's training)
 python -c "from megatron_packing.megatron import compat; import sys; \
 print('second stack: Python %s, megatron-core %s' % (sys.version.split()[0], \
 compat.version_text(compat.megatron_core_version())))" 2>/dev/null
+export MEGATRON_PACKING_SECOND_STACK=1  # deselects the one_stack launches (tests/conftest.py)
 exec python -m pytest -q -p no:cacheprovider tests/megatron_lm tests/megatron "$@"

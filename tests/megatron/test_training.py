@@ -24,6 +24,9 @@ TOKENIZER = REPO / "examples" / "tokenizer"
 STEPS = 9
 STOP_AT = 4
 EVAL_EVERY = 4
+# Every test here reads the launches of the module fixture ``runs`` (two launches of two ranks).
+pytestmark = pytest.mark.slow
+
 PACKING = {"global_batch_size": 8, "bin_capacity": 256, "align_packing_bins_to_dp": True,
            "packing_batch_size_allowed_variation": 0.25, "oversize_policy": "truncate",
            "seed": 3}
@@ -104,7 +107,6 @@ def _metrics(run_dir: str) -> list[dict]:
     return read_jsonl(Path(run_dir) / "metrics.jsonl")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", ["w0", "w2"])
 def test_kill_and_resume_matches_uninterrupted(runs, name):
     full = _metrics(runs["dirs"]["full"])
@@ -119,7 +121,6 @@ def test_kill_and_resume_matches_uninterrupted(runs, name):
     assert summary["examples"] == sum(r["train/actual_batch_size"] for r in full)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", ["full", "w2"])
 def test_logged_batch_size_is_the_plans_real_examples(runs, name):
     """num_workers=0 (full) and collation prefetched by 2 workers (w2, across a resume)."""
@@ -135,7 +136,6 @@ def test_logged_batch_size_is_the_plans_real_examples(runs, name):
         assert record["train/loss_tokens"] == plan.num_loss_tokens
 
 
-@pytest.mark.slow
 def test_loss_falls_and_outputs_exist(runs):
     full = _metrics(runs["dirs"]["full"])
     assert full[-1]["train/loss"] < full[0]["train/loss"]
@@ -202,7 +202,9 @@ def test_the_replicated_backend_trains_with_megatron_cores_ddp_and_optimizer(run
                                                   for r in _metrics(runs["dirs"]["full"]))
 
 
-@pytest.mark.slow
+@pytest.mark.one_stack(
+    "the plan at the new size is the library's; megatron-core 0.19's resharding at "
+    "another size is test_elastic_resume's")
 def test_resume_on_another_number_of_ranks_and_workers_plans_the_rest_there(runs, tmp_path):
     """Stopped at DP 2 with 2 loader workers, resumed at DP 3 with none: the resumed steps are
     what a fresh sampler at DP 3 plans from the saved global part, and the counts continue."""

@@ -121,6 +121,9 @@ def _env() -> dict[str, str]:
     return env
 
 
+# A launch's ranks tear the interpreter down in full (see run_cpu.py).
+FULL_EXIT = {"MEGATRON_PACKING_TEST_FULL_EXIT": "1"}
+
 _PORT = [29600 + (os.getpid() % 200) * 5]
 
 

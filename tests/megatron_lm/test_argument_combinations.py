@@ -309,6 +309,9 @@ def test_another_model_shape_on_load_is_refused(saved, extra, named, monkeypatch
 
 
 @pytest.mark.slow
+@pytest.mark.one_stack(
+    "the check reads the saved arguments, the same namespace in both releases; the "
+    "rules are tested on both stacks in-process")
 def test_a_longer_run_on_a_real_checkpoint_is_refused_before_the_model_is_built(reference,
                                                                                 tmp_path):
     """The reference run's torch_dist checkpoints, loaded with twice its --train-iters."""

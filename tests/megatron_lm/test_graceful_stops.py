@@ -10,6 +10,7 @@ import signal
 import pytest
 from megatron_lm_runs import (
     DP,
+    FULL_EXIT,
     ITERS,
     launch,
     launch_and_signal,
@@ -44,14 +45,14 @@ def stops(reference, sft_data, tmp_path_factory):
     interval = runs["sigterm"].saved + 1
     runs["interval"] = launch(DP, reference_args(yaml, save, "--load", str(save),
                                                  "--exit-interval", str(interval)),
-                              tmp / "log_interval")
+                              tmp / "log_interval", env=FULL_EXIT)
     runs["interval"].saved = _saved(save)
     # The job's clock says it started an hour ago: --exit-duration-in-mins 1 stops it after its
     # first step, and that stop saves (no save interval falls there).
     runs["duration"] = launch(DP, [*reference_args(yaml, save, "--load", str(save)),
                                    "--save-interval", "100", "--exit-duration-in-mins", "1"],
                               tmp / "log_duration",
-                              env={"MEGATRON_PACKING_JOB_STARTED_S_AGO": "3600"})
+                              env={**FULL_EXIT, "MEGATRON_PACKING_JOB_STARTED_S_AGO": "3600"})
     runs["duration"].saved = _saved(save)
     return runs
 

@@ -32,7 +32,8 @@ from faults.process_checks import (  # noqa: E402
     wait_until,
 )
 
-pytestmark = [requires_megatron_lm, pytest.mark.slow]
+pytestmark = [requires_megatron_lm, pytest.mark.slow, pytest.mark.one_stack(
+    "what ends the ranks is torchrun's agent and the library's watch")]
 
 
 def test_a_killed_torchrun_takes_its_ranks_and_all_they_started(sft_data, tmp_path):

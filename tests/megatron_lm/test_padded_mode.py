@@ -122,6 +122,7 @@ def test_a_budget_changed_while_the_job_runs_lands_at_one_step_on_every_rank(bud
     assert f"token budget {NEW_BUDGET} from step {CHANGE_STEP} (was {BUDGET})" in budgeted.output
 
 
+@pytest.mark.one_stack("the budget file and its resume are the library's")
 def test_a_resumed_run_keeps_the_budget_change(budgeted, tmp_path):
     resumed = launch(2, _args(budgeted.yaml, "--load", str(budgeted.save), "--ckpt-step", "3",
                               "--save", str(tmp_path / "ckpt"), "--save-interval", "100",
@@ -138,6 +139,9 @@ def test_a_resumed_run_keeps_the_budget_change(budgeted, tmp_path):
         assert [s["loss"] for s in got] == [s["loss"] for s in want]  # bit for bit
 
 
+@pytest.mark.one_stack(
+    "the plan at the new size is the library's; resharding on 0.19 is "
+    "test_elastic_resume's")
 def test_a_resume_on_one_rank_plans_the_rest_at_that_size(budgeted, tmp_path):
     """The DP-2 run's iteration-3 checkpoint continued at DP 1: each step trains the same global
     batch (the same loss, in float64), now as one rank's token-budget blocks; the budget change

@@ -161,6 +161,7 @@ def test_kill_9_after_checkpoint_then_load_matches_uninterrupted(reference, kill
         same_steps(killed_and_resumed.steps(rank), reference.steps(rank)[3:])
 
 
+@pytest.mark.one_stack("the refusal is the library's, before Megatron loads")
 def test_load_without_loader_state_is_refused_unless_finetune(reference, sft_data, tmp_path):
     """A checkpoint whose loader state is missing must not restart the data silently; with
     --finetune the weights load and the data starts from the beginning on purpose."""
@@ -189,6 +190,7 @@ def test_load_without_loader_state_is_refused_unless_finetune(reference, sft_dat
     assert value == pytest.approx(at_4[0], rel=1e-6), "the iteration-4 weights were not loaded"
 
 
+@pytest.mark.one_stack("the refusal is the library's, before Megatron loads")
 def test_another_global_batch_size_on_load_is_refused_by_name(reference, tmp_path):
     run = launch(DP, ["--packing-config", str(reference.tmp / "sft.yaml"), "--global-batch-size",
                       "32", "--train-iters", str(ITERS), "--load", str(reference.tmp / "ckpt")],

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from megatron_lm_runs import launch, requires_megatron_lm, write_sft_yaml
+from megatron_lm_runs import FULL_EXIT, launch, requires_megatron_lm, write_sft_yaml
 
 pytestmark = [requires_megatron_lm, pytest.mark.slow]
 
@@ -27,7 +27,8 @@ def test_the_entry_point_trains_with_a_make_that_always_fails(sft_data, tmp_path
     env, calls = _failing_make(tmp_path)
     yaml = write_sft_yaml(tmp_path / "sft.yaml", sft_data)
     run = launch(2, ["--packing-config", str(yaml), "--global-batch-size", "16",
-                     "--train-iters", "3"], tmp_path / "log", env=env, timeout=240)
+                     "--train-iters", "3"], tmp_path / "log", env={**env, **FULL_EXIT},
+                 timeout=240)
     assert run.returncode == 0, run.output[-4000:]
     assert "megatron-core's dataset helpers import" in run.output
     assert not calls.exists()  # make never ran
@@ -40,7 +41,7 @@ def test_helpers_that_neither_import_nor_build_stop_every_rank_before_any_collec
     yaml = write_sft_yaml(tmp_path / "sft.yaml", sft_data)
     run = launch(2, ["--packing-config", str(yaml), "--global-batch-size", "16",
                      "--train-iters", "3"], tmp_path / "log", timeout=150,
-                 env={**env, "MEGATRON_PACKING_TEST_HIDE_HELPERS": "1"})
+                 env={**env, **FULL_EXIT, "MEGATRON_PACKING_TEST_HIDE_HELPERS": "1"})
     assert run.returncode != 0
     for rank in (0, 1):
         assert run.output.count(f"megatron_packing.megatron_lm [rank {rank}]: error: "
