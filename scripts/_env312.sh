@@ -35,6 +35,17 @@ if ! venv_installed "$VENV"; then
     exit 1
   fi
 fi
+# MEGATRON_PACKING_STACK312_TORCH_ONLY=1 (scripts/test.sh, in the background while the main suite
+# starts): create the venv and install only torch, the bulk of the download; the install below
+# then adds the rest and reports any failure, torch's included.
+if [ "${MEGATRON_PACKING_STACK312_TORCH_ONLY:-0}" = 1 ]; then
+  if ! venv_installed "$VENV"; then
+    [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install -c "$ROOT/constraints-py312.txt" torch \
+      > "$VENV/torch-install.log" 2>&1 || true
+  fi
+  return 0
+fi
 use_venv "$VENV" "$PY" "$ROOT/constraints-py312.txt" "test" \
   "installing megatron_packing (Python 3.12, megatron-core 0.19) into $VENV (about 5 minutes, 5.5 GB: torch's CUDA build)..."
 export WANDB_MODE="${WANDB_MODE:-offline}"

@@ -14,6 +14,12 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings
+
+# No per-example deadline: speed is measured by the benchmarks, never asserted by a test, and the
+# fast tier shares its 2 cores with a second pytest process and, in scripts/test.sh, an install.
+settings.register_profile("megatron_packing", deadline=None)
+settings.load_profile("megatron_packing")
 
 
 def pytest_configure(config: pytest.Config) -> None:
