@@ -12,7 +12,7 @@ if [ "$STACK312" != 0 ]; then
   MEGATRON_PACKING_STACK312_TORCH_ONLY=1 bash -c 'source "$1"' _ \
     "$(dirname "${BASH_SOURCE[0]}")/_env312.sh" &
   torch312=$!
-  trap 'pkill -P "$torch312" 2> /dev/null; kill "$torch312" 2> /dev/null || true' EXIT
+  trap '{ pkill -P "$torch312"; kill "$torch312"; } 2> /dev/null || true' EXIT  # keeps the status
 fi
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 ruff check megatron_packing tests benchmarks examples
