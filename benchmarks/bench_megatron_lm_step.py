@@ -24,12 +24,7 @@ sys.path.insert(0, str(ROOT / "tests" / "megatron_lm"))
 from megatron_lm_runs import SKIP_REASON, launch, write_sft_yaml  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from report import Report  # noqa: E402
-
-
-def _p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+from report import Report, p99  # noqa: E402
 
 
 def main() -> None:
@@ -67,7 +62,7 @@ def main() -> None:
                        ("data_ms", "wait for the step's batch"),
                        ("overhead_ms", "loop overhead (step - compute)")):
         values = [s[key] for s in steps]
-        report.print(f"| {label} | {statistics.median(values):.2f} | {_p99(values):.2f} |")
+        report.print(f"| {label} | {statistics.median(values):.2f} | {p99(values):.2f} |")
     share = [s["overhead_ms"] / s["step_ms"] for s in steps]
     report.print("")
     report.print(f"Loop overhead share of the step: median {100 * statistics.median(share):.1f}%")

@@ -32,3 +32,9 @@ class Report:
                   f"Python {platform.python_version()}, numpy {np.__version__}, "
                   f"{platform.machine()}; timings from a shared 2-core machine (noisy).", ""]
         self.out.write_text("\n".join(header + self.lines) + "\n")
+
+
+def p99(values: list[float]) -> float:
+    """The 99th percentile by rank (the nearest sample, no interpolation)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]

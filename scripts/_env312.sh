@@ -48,5 +48,24 @@ if [ "${MEGATRON_PACKING_STACK312_TORCH_ONLY:-0}" = 1 ]; then
 fi
 use_venv "$VENV" "$PY" "$ROOT/constraints-py312.txt" "test" \
   "installing megatron_packing (Python 3.12, megatron-core 0.19) into $VENV (about 5 minutes, 5.5 GB: torch's CUDA build)..."
+# The Bridge tier (tests/bridge): Megatron-Bridge and what it imports, in this venv.
+# MEGATRON_PACKING_BRIDGE=0 leaves it out (its tests then skip, saying why).
+if [ "${MEGATRON_PACKING_BRIDGE:-1}" != 0 ]; then
+  bridge_stamp="$VENV/.bridge-$(cat "$ROOT/requirements-bridge.txt" "$ROOT/constraints-py312.txt" \
+    | sha256sum | cut -c1-16)"
+  if [ ! -f "$bridge_stamp" ]; then
+    echo "installing Megatron-Bridge 0.6.2 and its imports into $VENV (about a minute)..."
+    if ! { "$VENV/bin/python" -m pip install -c "$ROOT/constraints-py312.txt" \
+             -r "$ROOT/requirements-bridge.txt" \
+        && "$VENV/bin/python" -m pip install --no-deps -c "$ROOT/constraints-py312.txt" \
+             megatron-bridge; } > "$VENV/bridge-install.log" 2>&1; then
+      grep -v "WARNING: Location" "$VENV/bridge-install.log" | tail -n 40
+      echo "the Bridge tier's install failed; full log: $VENV/bridge-install.log" >&2
+      exit 1
+    fi
+    rm -f "$VENV"/.bridge-*
+    touch "$bridge_stamp"
+  fi
+fi
 export WANDB_MODE="${WANDB_MODE:-offline}"
 cd "$ROOT"

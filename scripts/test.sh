@@ -23,7 +23,7 @@ await_torch312() {
 if [ "$#" -eq 0 ]; then
   python -m pytest -q -p no:cacheprovider -m fast -n "${MEGATRON_PACKING_TEST_WORKERS:-2}"
   await_torch312
-  python -m pytest -q -p no:cacheprovider -m slow
+  python -m pytest -q -p no:cacheprovider -m slow --durations=20
 else
   await_torch312
   python -m pytest -q -p no:cacheprovider "$@"

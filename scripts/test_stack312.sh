@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The second tested stack: Python 3.12 with megatron-core 0.19 (./.venv312, installed on first
 # use). Only the Megatron tiers run here (tests/megatron_lm and tests/megatron), with no
-# Megatron-LM checkout: the wheel's megatron.training and the library's GPT provider.
+# Megatron-LM checkout: the wheel's megatron.training and the library's GPT provider; and the
+# Megatron-Bridge tier (tests/bridge: Bridge 0.6.2 shares this venv, requirements-bridge.txt).
 # The cluster-scale launches (tests/cluster: the in-job build, two nodes) run on the main stack
 # only: what they test (the shared build's file locks, the rendezvous of two launchers) does not
 # depend on the megatron-core release, and together they take about 5 minutes on 2 cores; so do
@@ -13,4 +14,4 @@ python -c "from megatron_packing.megatron import compat; import sys; \
 print('second stack: Python %s, megatron-core %s' % (sys.version.split()[0], \
 compat.version_text(compat.megatron_core_version())))" 2>/dev/null
 export MEGATRON_PACKING_SECOND_STACK=1  # deselects the one_stack launches (tests/conftest.py)
-exec python -m pytest -q -p no:cacheprovider tests/megatron_lm tests/megatron "$@"
+exec python -m pytest -q -p no:cacheprovider --durations=20 tests/megatron_lm tests/megatron tests/bridge "$@"

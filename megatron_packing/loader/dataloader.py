@@ -13,6 +13,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from megatron_packing.common.config_fields import check_field
@@ -226,8 +227,14 @@ def build_sft_dataloader(
         dataset, config, dp_rank=dp_rank, dp_size=dp_size, seed=seed, total_steps=total_steps,
         eval_mode=eval_mode, base_sampler=base_sampler,
     )
+    # A generator of the loader's own: each new epoch iterator draws its workers' base seed from
+    # it, never from torch's global generator, whose state the model's checkpoint saves for
+    # dropout. A resumed run makes its first iterator after that state is restored, the
+    # uninterrupted run made it steps before; drawn globally, the two would then drop out
+    # differently.
+    generator = torch.Generator().manual_seed(0 if seed is None else int(seed))
     return PackingDataLoader(fetch_dataset, batch_sampler=batch_sampler, collate_fn=collate_fn,
-                             **workers.loader_options())
+                             generator=generator, **workers.loader_options())
 
 
 __all__ = ["PackingDataLoader", "WorkerConfig", "build_sft_dataloader"]

@@ -15,14 +15,17 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from megatron_packing.config import ConfigError, PackingConfig
+from megatron_packing.megatron.packing_settings import (
+    HostSettings,
+    check_examples_fit,
+    resolve_packing_settings,
+)
 from megatron_packing.megatron_lm.argument_policy import shown
 from megatron_packing.padded.control_file import BUDGET_FILE
 
 if TYPE_CHECKING:
     from megatron_packing.megatron_lm.data import SavedLoaderState
 
-FP8_RECIPE_FROM_MEGATRON = {"delayed": "delayed", "tensorwise": "tensorwise",
-                            "mxfp8": "mxfp8", "blockwise": "blockwise"}
 
 
 def add_packing_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -367,95 +370,34 @@ def _saved_fingerprint(state: Any) -> dict[str, Any]:
     return {}
 
 
+MEGATRON_LM_NAMES = {"global_batch_size": "--global-batch-size", "seq_length": "--seq-length",
+                     "max_position_embeddings": "--max-position-embeddings",
+                     "tp_size": "--tensor-model-parallel-size",
+                     "cp_size": "--context-parallel-size",
+                     "pp_size": "--pipeline-model-parallel-size", "fp8_enabled": "--fp8-format",
+                     "fp8_recipe": "--fp8-recipe"}
+
+
+def host_settings(args: Any) -> HostSettings:
+    """What Megatron-LM's arguments decide of the packing section, named by their flags."""
+    return HostSettings(
+        global_batch_size=args.global_batch_size, seq_length=args.seq_length,
+        max_position_embeddings=args.max_position_embeddings,
+        tp_size=args.tensor_model_parallel_size, cp_size=args.context_parallel_size,
+        pp_size=args.pipeline_model_parallel_size, fp8_enabled=bool(getattr(args, "fp8", None)),
+        fp8_recipe=getattr(args, "fp8_recipe", None), names=MEGATRON_LM_NAMES)
+
+
 def resolve_packing_config(packing: PackingConfig | Mapping[str, Any], args: Any, *, dp_size: int,
                            explicit_keys: set[str], source: str) -> PackingConfig:
-    """The YAML's packing section completed from (and checked against) Megatron's arguments.
-
-    ``packing`` is the section's mapping of keys (or a `PackingConfig`); it is validated only once
-    completed, so a key that needs a Megatron value (an FP8 recipe needs FP8 on) is judged with
-    it. Megatron's arguments own B, the row size and the parallel sizes; a YAML key that says
-    otherwise is an error rather than a silent override.
-    """
-    values = dict(packing.to_dict() if isinstance(packing, PackingConfig) else packing)
-    megatron_values: dict[str, Any] = {"global_batch_size": args.global_batch_size}
-    if values.get("use_sequence_packing") is False:  # padded: no rows to size or align
-        check_padded_parallelism(args, source)
-        _check_agreement(values, megatron_values, explicit_keys, source)
-        return PackingConfig.from_dict({**values, **megatron_values}, source=source
-                                       ).validate(dp_size)
-    megatron_values.update({
-        "tp_size": args.tensor_model_parallel_size,
-        "cp_size": args.context_parallel_size,
-        "fp8_enabled": bool(getattr(args, "fp8", None)),
-    })
-    fp8_recipe = getattr(args, "fp8_recipe", None) if megatron_values["fp8_enabled"] else None
-    if fp8_recipe is not None:
-        if fp8_recipe not in FP8_RECIPE_FROM_MEGATRON:
-            raise ConfigError(f"--fp8-recipe {fp8_recipe!r} has no packing alignment rule; "
-                              f"known: {', '.join(FP8_RECIPE_FROM_MEGATRON)}")
-        megatron_values["fp8_recipe"] = FP8_RECIPE_FROM_MEGATRON[fp8_recipe]
-    _check_agreement(values, megatron_values, explicit_keys, source)
-    capacity = values["bin_capacity"] if "bin_capacity" in explicit_keys else args.seq_length
-    resolved = PackingConfig.from_dict({**values, **megatron_values, "bin_capacity": capacity},
-                                       source=source)
-    if resolved.bin_capacity > args.seq_length:
-        raise ConfigError(
-            f"{source}: packing.bin_capacity {capacity} exceeds --seq-length {args.seq_length}; "
-            "a packed row must fit the model's sequence length (raise --seq-length or lower "
-            "bin_capacity)")
-    if resolved.bin_capacity > args.max_position_embeddings:
-        raise ConfigError(
-            f"{source}: packing.bin_capacity {capacity} exceeds --max-position-embeddings "
-            f"{args.max_position_embeddings}")
-    return resolved.validate(dp_size)
-
-
-_FLAGS = {"global_batch_size": "--global-batch-size", "tp_size": "--tensor-model-parallel-size",
-          "cp_size": "--context-parallel-size", "fp8_enabled": "--fp8-format",
-          "fp8_recipe": "--fp8-recipe"}
-
-
-def _check_agreement(values: dict[str, Any], megatron_values: dict[str, Any],
-                     explicit_keys: set[str], source: str) -> None:
-    """A YAML key that Megatron's argument decides must agree with it."""
-    for key, value in megatron_values.items():
-        if key in explicit_keys and values.get(key) != value:
-            raise ConfigError(
-                f"{source}: packing.{key} is {values.get(key)!r} but Megatron's "
-                f"{_FLAGS[key]} gives {value!r}; remove the key from the YAML (Megatron's "
-                "argument decides) or make them agree")
-
-
-def check_padded_parallelism(args: Any, source: str) -> None:
-    """Padded mode's ``[b, L]`` blocks change shape every micro-batch and are not split by
-    sequence: pipeline stages (one activation shape per step) and context parallelism (each
-    sequence split over ranks) need packed rows."""
-    if args.pipeline_model_parallel_size > 1:
-        raise ConfigError(
-            f"{source}: use_sequence_packing: false (padded mode) with "
-            f"--pipeline-model-parallel-size {args.pipeline_model_parallel_size}: pipeline "
-            "stages exchange activations of one shape per step, and padded micro-batches vary in "
-            "both b and L; use packed mode (use_sequence_packing: true) or "
-            "--pipeline-model-parallel-size 1")
-    if args.context_parallel_size > 1:
-        raise ConfigError(
-            f"{source}: use_sequence_packing: false (padded mode) with --context-parallel-size "
-            f"{args.context_parallel_size}: context parallelism splits packed THD rows by "
-            "sequence; use packed mode (use_sequence_packing: true) or --context-parallel-size 1")
+    """The YAML's packing section completed from (and checked against) Megatron's arguments:
+    they own B, the row size and the parallel sizes (`resolve_packing_settings`)."""
+    return resolve_packing_settings(packing, host_settings(args), dp_size=dp_size,
+                                    explicit_keys=explicit_keys, source=source)
 
 
 def check_padded_lengths(lengths: Any, seq_length: int, source: str) -> None:
-    """In padded mode every example goes in whole (one longer than the token budget trains in a
-    micro-batch of its own), so it must fit ``--seq-length``, the model's positions."""
-    import numpy as np
-
-    lengths = np.asarray(lengths)
-    longest = int(lengths.max()) if lengths.size else 0
-    if longest > seq_length:
-        count = int((lengths > seq_length).sum())
-        raise ConfigError(
-            f"{source}: padded mode trains each example whole, but {count} example(s) are longer "
-            f"than --seq-length {seq_length} (the longest has {longest} tokens); raise "
-            f"--seq-length (and --max-position-embeddings) to at least {longest}, or use packed "
-            "mode (use_sequence_packing: true) with oversize_policy: truncate")
-
+    """In padded mode every example goes in whole, so it must fit ``--seq-length``."""
+    check_examples_fit(lengths, HostSettings(global_batch_size=0, seq_length=seq_length,
+                                             max_position_embeddings=seq_length,
+                                             names=MEGATRON_LM_NAMES), source)

@@ -102,9 +102,9 @@ def main(argv: list[str] | None = None, *, program_start: float | None = None) -
 
     from megatron_packing.loader.dataloader import build_sft_dataloader
     from megatron_packing.megatron.cpu_workarounds import cpu_only, megatron_optimizer_compat
+    from megatron_packing.megatron.forward import make_forward_step
     from megatron_packing.megatron_lm import model as gpt
     from megatron_packing.megatron_lm.evaluation import Validation
-    from megatron_packing.megatron_lm.forward import make_forward_step
     from megatron_packing.megatron_lm.loop import Loop
 
     set_startup_timestamps(program_start=_PROGRAM_START if program_start is None

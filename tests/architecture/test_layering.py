@@ -25,7 +25,7 @@ LAYERS: list[set[str]] = [
     {"loader"},  # the torchdata loader, its state, per-step metrics
     {"reports"},  # simulate / tune / inspect on length pools or a training YAML's own data
     {"megatron"},  # glue to megatron-core (packed-sequence params, loss, DDP, FSDP2), the step loop
-    {"megatron_lm", "demo"},  # entry points: Megatron-LM's loop, the CPU demo trainer
+    {"megatron_lm", "demo", "bridge"},  # entry points: the Megatron-LM and Bridge hosts, the demo
     {"cli"},  # the ``megatron-packing`` command
 ]
 
@@ -133,7 +133,8 @@ def test_the_top_level_holds_only_the_package_and_the_cli(tmp_path):
     assert flat_top_level_files(tmp_path) == ["loader.py"]
 
 
-STEP_LOOP_HOSTS = ("megatron_packing/megatron_lm/loop.py", "megatron_packing/demo/trainer.py")
+STEP_LOOP_HOSTS = ("megatron_packing/megatron_lm/loop.py", "megatron_packing/demo/trainer.py",
+                   "megatron_packing/bridge/entry.py")
 
 
 def loops_and_loop_calls(source: str) -> tuple[list[int], int]:

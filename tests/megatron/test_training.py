@@ -25,7 +25,10 @@ STEPS = 9
 STOP_AT = 4
 EVAL_EVERY = 4
 # Every test here reads the launches of the module fixture ``runs`` (two launches of two ranks).
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.one_stack(
+    "the CPU demo trainer's own runs (scripts/demo.sh runs it on the main stack); megatron-core "
+    "0.19's DDP, optimizer and dist_checkpointing under the library's glue run on the second "
+    "stack in tests/megatron_lm and tests/bridge")]
 
 PACKING = {"global_batch_size": 8, "bin_capacity": 256, "align_packing_bins_to_dp": True,
            "packing_batch_size_allowed_variation": 0.25, "oversize_policy": "truncate",
@@ -202,9 +205,6 @@ def test_the_replicated_backend_trains_with_megatron_cores_ddp_and_optimizer(run
                                                   for r in _metrics(runs["dirs"]["full"]))
 
 
-@pytest.mark.one_stack(
-    "the plan at the new size is the library's; megatron-core 0.19's resharding at "
-    "another size is test_elastic_resume's")
 def test_resume_on_another_number_of_ranks_and_workers_plans_the_rest_there(runs, tmp_path):
     """Stopped at DP 2 with 2 loader workers, resumed at DP 3 with none: the resumed steps are
     what a fresh sampler at DP 3 plans from the saved global part, and the counts continue."""

@@ -28,6 +28,7 @@ from megatron_packing.megatron_lm.arguments import (
 
 def _args(**overrides):
     values = dict(global_batch_size=64, tensor_model_parallel_size=1, context_parallel_size=1,
+                  pipeline_model_parallel_size=1,
                   fp8=None, fp8_recipe="delayed", seq_length=1024, max_position_embeddings=1024)
     values.update(overrides)
     return SimpleNamespace(**values)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from megatron_packing.config import PackingConfig
-from megatron_packing.megatron_lm.step import step_rows
+from megatron_packing.megatron.step_rows import step_rows
 from megatron_packing.packed.collate import PackedBatch, PackedMicroBatch
 from megatron_packing.packed.components import build_packed_components
 from megatron_packing.padded.collate import PaddedBatch, PaddedMicroBatch

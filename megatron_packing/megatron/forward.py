@@ -1,4 +1,4 @@
-"""One packed row through a megatron-core model inside Megatron-LM's schedules.
+"""One packed row through a megatron-core model, as both Megatron hosts' schedules call it.
 
 On GPUs with Transformer Engine the row goes in as THD with `PackedSeqParams`; with context
 parallelism each CP rank takes its load-balanced share of every sequence (megatron-core 0.16's
