@@ -242,3 +242,21 @@ def test_a_recipe_the_host_cannot_honour_is_refused_in_one_line(recipe, tmp_path
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("megatron_packing.bridge: error: ")
     assert "train.micro_batch_size 2" in err[0] and "set it to 1" in err[0]
+
+
+@requires_bridge
+def test_bridge_imports_while_transformer_engine_and_nvrx_stay_absent_for_everyone_else():
+    """The stand-ins are served to the two Bridge modules that import TE / NVRx at module top,
+    and to nobody else: afterwards both packages are still absent and megatron-core still sees
+    no TE."""
+    import importlib.util
+    import sys
+
+    import megatron.bridge.peft.lora_layers  # noqa: F401
+    import megatron.bridge.training.pretrain  # noqa: F401
+    from megatron.core.tensor_parallel import random as tp_random
+
+    for package in ("transformer_engine", "nvidia_resiliency_ext"):
+        assert importlib.util.find_spec(package) is None, package
+        assert package not in sys.modules, package
+    assert tp_random.HAVE_TE is False
