@@ -130,12 +130,10 @@ def finetune_packed(cfg: Any, packing_config: str | Path, *, step_log_dir: str |
     resized = size_schedule_in_examples(cfg, total, decay_given=decay_given)
     streams: list[TrainStream] = []
 
-    def provider(*_: Any, **kwargs: Any) -> tuple[Any, None, None]:
-        import torch
-
-        pg = kwargs.get("pg_collection")
-        dp_rank = pg.dp.rank() if pg is not None else (
-            torch.distributed.get_rank() // (torch.distributed.get_world_size() // dp_size))
+    def provider(num_samples: Any, dataset_config: Any, pg_collection: Any
+                 ) -> tuple[Any, None, None]:
+        """Bridge's dataset provider: it binds ``pg_collection`` because the name is here."""
+        dp_rank = pg_collection.dp.rank()
         streams.append(stream if dp_rank == 0 else build_stream(dp_rank))
         return streams[-1], None, None
 

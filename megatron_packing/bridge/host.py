@@ -95,6 +95,10 @@ class BridgeHost(StepHost):
         self.pg = setup_output.pg_collection
         self.stream, self.pad_token_id = stream, pad_token_id
         self.dp_size = self.pg.dp.size()
+        planned_for = stream.loader.batch_sampler.dp_rank
+        if planned_for != self.pg.dp.rank():  # the stream is this DP rank's, or nothing works
+            raise RuntimeError(f"the packing stream plans data-parallel rank {planned_for}, but "
+                               f"this rank is DP rank {self.pg.dp.rank()}")
         self.pipeline = self.pg.pp.size() > 1
         model_config = get_model_config(self.model[0])
         self.forward_step = prepare_forward_step_func(forward_step, state)
